@@ -1,0 +1,188 @@
+"""One place that decides which device this process trains on.
+
+Order: Neuron (``torch_neuronx`` imports and ``torch.neuron.is_available()``), then CUDA,
+then CPU. torchtitan 0.3.0 has no CPU device type: at import time it falls back to
+"cuda", so on a CPU host we replace its ``device_type``/``device_module`` with
+``cpu``/``CpuDeviceModule`` right after ``torchtitan.tools.utils`` executes, before any
+other torchtitan module copies those names (see ``device_autoload``).
+
+``QWEN3_TITAN_DEVICE=cpu`` forces the CPU path on an accelerator host (tests, parity).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+FORCE_DEVICE_ENV = "QWEN3_TITAN_DEVICE"
+
+# Distributed backend per device kind. torchtitan looks the device type up in
+# torch.distributed.Backend.default_device_backend_map; the Neuron plugin registers
+# its "neuron" backend there itself.
+DIST_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "neuron" | "cuda" | "cpu"
+    count: int  # ranks one node can run: NeuronCores, GPUs, or 1 on CPU
+    dist_backend: str
+    name: str
+    reason: str  # why this device was chosen, for the one log line
+
+    def describe(self) -> str:
+        return (
+            f"device: {self.kind} x{self.count} ({self.name}), "
+            f"distributed backend: {self.dist_backend} — {self.reason}"
+        )
+
+
+def neuron_available() -> bool:
+    """True only when the real TorchNeuron plugin is importable and sees a device.
+
+    PyPI's ``torch-neuronx`` is a placeholder that raises ImportError, and the legacy
+    XLA build imports but has no ``torch.neuron``; ``find_spec`` or version checks
+    cannot tell these apart, so we import and ask.
+    """
+    try:
+        import torch_neuronx  # noqa: F401
+    except Exception:  # ImportError, or OSError from a missing libnrt
+        return False
+    neuron = getattr(torch, "neuron", None)
+    try:
+        return bool(neuron is not None and neuron.is_available() and neuron.device_count() > 0)
+    except Exception:
+        return False
+
+
+def _forced_device() -> str | None:
+    forced = os.environ.get(FORCE_DEVICE_ENV, "").strip().lower()
+    if not forced:
+        return None
+    if forced not in DIST_BACKENDS:
+        raise ValueError(
+            f"{FORCE_DEVICE_ENV}={forced!r}: expected one of {', '.join(DIST_BACKENDS)}"
+        )
+    return forced
+
+
+def detect_device() -> DeviceInfo:
+    forced = _forced_device()
+    if forced == "cpu":
+        return _cpu_info(f"{FORCE_DEVICE_ENV}=cpu")
+    if forced in (None, "neuron") and neuron_available():
+        count = torch.neuron.device_count()
+        name = _neuron_name()
+        return DeviceInfo("neuron", count, "neuron", name, "torch_neuronx imported, Neuron device present")
+    if forced == "neuron":
+        raise RuntimeError(
+            f"{FORCE_DEVICE_ENV}=neuron but no Neuron device is usable: install torch-neuronx, "
+            "neuronx-cc and nki from the Neuron package repository (README: 'On a Trainium host')"
+        )
+    if torch.cuda.is_available():
+        return DeviceInfo(
+            "cuda", torch.cuda.device_count(), "nccl", torch.cuda.get_device_name(0), "CUDA available"
+        )
+    if forced == "cuda":
+        raise RuntimeError(f"{FORCE_DEVICE_ENV}=cuda but torch.cuda.is_available() is False")
+    return _cpu_info("no Neuron or CUDA device found")
+
+
+def _neuron_name() -> str:
+    try:
+        return str(torch.neuron.get_device_properties().name)
+    except Exception:
+        return "neuron"
+
+
+def _cpu_info(reason: str) -> DeviceInfo:
+    return DeviceInfo("cpu", 1, "gloo", "cpu", reason)
+
+
+def _total_host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class CpuDeviceModule:
+    """The subset of ``torch.cuda``'s interface that torchtitan's Trainer calls.
+
+    Memory figures are the host process's peak RSS, the only honest number on CPU.
+    """
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device) -> None:
+        pass
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        return "cpu"
+
+    @staticmethod
+    def get_device_properties(device=None):
+        return SimpleNamespace(name="cpu", total_memory=_total_host_memory())
+
+    @staticmethod
+    def memory_stats(device=None) -> dict[str, int]:
+        peak = _peak_rss_bytes()
+        return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak}
+
+    @staticmethod
+    def reset_peak_memory_stats(device=None) -> None:
+        # Peak RSS cannot be reset from inside the process.
+        pass
+
+    # torchtitan's profiler records allocator history through device_module.memory.
+    memory = SimpleNamespace(
+        _record_memory_history=lambda *args, **kwargs: None,
+        _snapshot=lambda: {},
+    )
+
+
+def patch_torchtitan_utils(utils_module) -> DeviceInfo:
+    """Point torchtitan's import-time device globals at the detected device.
+
+    Called on ``torchtitan.tools.utils`` right after it executes. Only the CPU case
+    needs a change: torchtitan already finds CUDA, and Neuron through PrivateUse1.
+    """
+    info = detect_device()
+    if info.kind == "cpu":
+        utils_module.device_type = "cpu"
+        utils_module.device_module = CpuDeviceModule
+    return info

@@ -1,0 +1,142 @@
+"""``train --dry-run``: check a layout of any size on one CPU process.
+
+torchtitan's fake process group ("fake_backend" comm mode) lets rank 0 of an N-rank
+job build its device meshes, shard the model (FSDP2 / TP / EP as the backend's
+parallelize function does) and report what it would hold, with no accelerator and
+no weights: the model stays on the meta device, so a 4B or 30B shape costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from qwen3_titan_common.launch import LaunchError, LaunchPlan
+from qwen3_titan_common.layout import LayoutError, resolve_layout
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    params_per_rank: int
+    param_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+def _local_numel(param) -> int:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return param.to_local().numel()
+    return param.numel()
+
+
+def _activation_bytes(config, layout, model_config) -> int:
+    # Per layer, per token, about 34 * hidden bytes of bf16 activations are kept for
+    # backward without recomputation (Korthikanti et al. 2022, attention scores not
+    # materialised by SDPA); selective/full recomputation keeps far less. A rough
+    # upper bound for planning, not a measurement.
+    hidden = model_config.dim
+    layers = len(model_config.layers)
+    tokens = config.training.local_batch_size * config.training.seq_len
+    per_layer = 34 * hidden * tokens // (layout.tp * layout.cp)
+    if config.activation_checkpoint is not None:
+        per_layer //= 4
+    return per_layer * layers
+
+
+def _estimate(model, config, layout, model_config) -> MemoryEstimate:
+    numel = sum(_local_numel(p) for p in model.parameters())
+    fp32 = 4
+    return MemoryEstimate(
+        params_per_rank=numel,
+        param_bytes=numel * fp32,
+        grad_bytes=numel * fp32,
+        optimizer_bytes=2 * numel * fp32,  # AdamW: two fp32 moments
+        activation_bytes=_activation_bytes(config, layout, model_config),
+    )
+
+
+def _fake_rank_env(plan: LaunchPlan) -> None:
+    os.environ.update(
+        {
+            "NGPU": str(plan.world_size),
+            "WORLD_SIZE": str(plan.world_size),
+            "LOCAL_WORLD_SIZE": str(plan.nproc_per_node),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            # The fake process group and meta tensors need no accelerator.
+            "QWEN3_TITAN_DEVICE": "cpu",
+        }
+    )
+
+
+def _parse_config(plan: LaunchPlan):
+    from torchtitan.config import ConfigManager
+
+    args = [*plan.titan_args(), "--comm.mode", "fake_backend", "--compile.no-enable"]
+    return ConfigManager().parse_args(args)
+
+
+def dry_run(plan: LaunchPlan) -> int:
+    _fake_rank_env(plan)
+    from qwen3_titan_common.device_autoload import ensure_installed
+
+    ensure_installed()
+    import torch
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    config = _parse_config(plan)
+    try:
+        layout = resolve_layout(config.parallelism, plan.world_size)
+    except LayoutError as err:
+        raise LaunchError(str(err)) from None
+    print(f"[dry-run] layout: {layout.describe()}")
+
+    dist_utils.init_distributed(config.comm)
+    parallel_dims = ParallelDims.from_config(config.parallelism, plan.world_size)
+    parallel_dims.build_mesh()
+
+    spec = config.model_spec
+    model_config = spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"):
+        model = model_config.build()
+    total = sum(p.numel() for p in model.parameters())
+    if parallel_dims.pp_enabled:
+        print("[dry-run] pipeline parallel: sharding per stage is not simulated; totals below are unsharded")
+    else:
+        model = spec.parallelize_fn(
+            model,
+            parallel_dims=parallel_dims,
+            training=config.training,
+            parallelism=config.parallelism,
+            compile_config=config.compile,
+            ac_config=config.activation_checkpoint,
+            dump_folder=config.dump_folder,
+        )
+    estimate = _estimate(model, config, layout, model_config)
+    print(f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {estimate.params_per_rank:,} on rank 0")
+    print(
+        "[dry-run] memory per rank (fp32 params + grads + AdamW, bf16 activations, estimate): "
+        f"params {estimate.param_bytes / GIB:.2f} GiB, grads {estimate.grad_bytes / GIB:.2f} GiB, "
+        f"optimizer {estimate.optimizer_bytes / GIB:.2f} GiB, activations ~{estimate.activation_bytes / GIB:.2f} GiB"
+        f" (batch {config.training.local_batch_size} x seq {config.training.seq_len}); "
+        f"total ~{estimate.total_bytes / GIB:.2f} GiB"
+    )
+    print(f"[dry-run] ok: {plan.world_size} ranks ({plan.nnodes} node(s) x {plan.nproc_per_node})")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,79 @@
+"""The one ``Trainer.Config`` shape every backend's config functions start from.
+
+Backends differ only in the model spec they pass in; data, tokenizer, optimizer,
+schedule, checkpointing and logging are set here, so switching backend changes only
+``--module``/``--config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.loss import CrossEntropyLoss
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+from torchtitan.config import TrainingConfig
+from torchtitan.config.configs import DebugConfig
+from torchtitan.distributed.activation_checkpoint import SelectiveAC
+from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
+from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.trainer import Trainer
+
+from qwen3_titan_common.titan_dataset import register_default_dataset
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a config function decides besides the model."""
+
+    steps: int
+    seq_len: int
+    local_batch_size: int
+    lr: float
+    warmup_steps: int
+    checkpoint_interval: int
+    dump_folder: str
+    seed: int | None = 0
+    log_freq: int = 1
+    # Recomputation only pays off once activations, not compute, bound the run.
+    activation_checkpointing: bool = True
+
+
+def build_trainer_config(
+    model_spec: ModelSpec,
+    *,
+    assets_path: Path,
+    vocab_size: int,
+    shape: RunShape,
+) -> Trainer.Config:
+    dataset = register_default_dataset()
+    return Trainer.Config(
+        model_spec=model_spec,
+        hf_assets_path=str(assets_path),
+        dump_folder=shape.dump_folder,
+        metrics=MetricsProcessor.Config(log_freq=shape.log_freq),
+        # Plain cross-entropy: the same loss for every backend, so losses compare.
+        loss=CrossEntropyLoss.Config(global_vocab_size=vocab_size),
+        dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset),
+        optimizer=default_adamw(lr=shape.lr),
+        lr_scheduler=LRSchedulersContainer.Config(
+            warmup_steps=shape.warmup_steps,
+            decay_ratio=0.8,
+            decay_type="cosine",
+            min_lr_factor=0.1,
+        ),
+        training=TrainingConfig(
+            local_batch_size=shape.local_batch_size,
+            seq_len=shape.seq_len,
+            steps=shape.steps,
+        ),
+        checkpoint=CheckpointManager.Config(
+            enable=True,
+            interval=shape.checkpoint_interval,
+            last_save_model_only=False,
+        ),
+        activation_checkpoint=SelectiveAC.Config() if shape.activation_checkpointing else None,
+        debug=DebugConfig(seed=shape.seed),
+    )

@@ -1,0 +1,91 @@
+"""Config functions of the native backend: ``--module qwen3_titan_native --config NAME``.
+
+Every function takes no arguments and returns a ``Trainer.Config``; torchtitan's CLI
+flags are applied on top (``--training.steps 5``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torchtitan.trainer import Trainer
+
+# Helpers are imported under private names: torchtitan lists every public callable
+# of this module as a config function in its "not found" error.
+from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.assets import default_architecture as _default_architecture
+from qwen3_titan_common.assets import default_tokenizer_dir as _default_tokenizer_dir
+from qwen3_titan_common.published import published_architecture as _published_architecture
+from qwen3_titan_common.trainer_config import RunShape
+from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
+from qwen3_titan_native.model import native_model_spec as _native_model_spec
+
+BACKEND = "native"
+
+# Where the recipe downloads Qwen3-4B-Instruct-2507 (`hf download ... --local-dir`).
+QWEN3_4B_2507_DIR = Path("assets/hf/Qwen3-4B-Instruct-2507")
+
+
+def _config(arch: Qwen3Architecture, flavor: str, shape: RunShape, assets: Path) -> Trainer.Config:
+    return _build_trainer_config(
+        _native_model_spec(arch, flavor), assets_path=assets, vocab_size=arch.vocab_size, shape=shape
+    )
+
+
+def _real_size_shape(name: str) -> RunShape:
+    return RunShape(
+        steps=1000,
+        seq_len=4096,
+        local_batch_size=1,
+        lr=3e-5,
+        warmup_steps=50,
+        checkpoint_interval=200,
+        dump_folder=f"./outputs/{BACKEND}-{name}",
+        log_freq=10,
+    )
+
+
+def debug() -> Trainer.Config:
+    """The embedded tiny Qwen3 (about 4M parameters) on the embedded corpus."""
+    shape = RunShape(
+        steps=30,
+        seq_len=256,
+        local_batch_size=8,
+        lr=3e-3,
+        warmup_steps=3,
+        checkpoint_interval=30,
+        dump_folder=f"./outputs/{BACKEND}-debug",
+        activation_checkpointing=False,
+    )
+    return _config(_default_architecture(), "debug", shape, _default_tokenizer_dir())
+
+
+def _published(name: str, hub_name: str) -> Trainer.Config:
+    return _config(
+        _published_architecture(hub_name), name, _real_size_shape(name), _default_tokenizer_dir()
+    )
+
+
+def qwen3_0_6b() -> Trainer.Config:
+    """Qwen3-0.6B shape, random init (give a model directory to start from its weights)."""
+    return _published("qwen3_0_6b", "Qwen3-0.6B")
+
+
+def qwen3_1_7b() -> Trainer.Config:
+    """Qwen3-1.7B shape, random init."""
+    return _published("qwen3_1_7b", "Qwen3-1.7B")
+
+
+def qwen3_4b() -> Trainer.Config:
+    """Qwen3-4B shape (RoPE theta 1e6, as the original release), random init."""
+    return _published("qwen3_4b", "Qwen3-4B")
+
+
+def qwen3_8b() -> Trainer.Config:
+    """Qwen3-8B shape (untied embeddings), random init."""
+    return _published("qwen3_8b", "Qwen3-8B")
+
+
+def native_qwen3_4b() -> Trainer.Config:
+    """The recipe's config: Qwen3-4B-Instruct-2507 (RoPE theta 5e6) from assets/hf/."""
+    return _published("native_qwen3_4b", "Qwen3-4B-Instruct-2507")

@@ -1,0 +1,155 @@
+"""torchtitan's native Qwen3 model, shaped by a Hugging Face architecture.
+
+We build ``Qwen3Model.Config`` from :class:`Qwen3Architecture` (i.e. from the
+checkpoint's ``config.json``) rather than from torchtitan's flavor table, and put
+SDPA on every layer: ``attn_backend="sdpa"`` is rejected by torchtitan 0.3.0, Flex has
+no CPU backward, and SDPA is what Neuron runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch.nn as nn
+from torchtitan.components.optimizer import register_moe_load_balancing_hook
+from torchtitan.distributed.pipeline_parallel import pipeline_llm
+from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.common.config_utils import (
+    make_ffn_config,
+    make_gqa_config,
+    make_moe_config,
+    make_routed_experts_config,
+    make_router_config,
+)
+from torchtitan.models.common.nn_modules import RMSNorm
+from torchtitan.models.common.param_init import skip_param_init
+from torchtitan.models.qwen3 import parallelize_qwen3
+from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+from torchtitan.protocols.model_spec import ModelSpec
+
+from qwen3_titan_common.architecture import Qwen3Architecture
+
+INIT_STD = 0.02
+
+
+def _normal(std: float) -> Callable:
+    return partial(nn.init.normal_, std=std)
+
+
+def _linear_init(std: float = INIT_STD) -> dict[str, Callable]:
+    return {"weight": _normal(std), "bias": nn.init.zeros_}
+
+
+def _residual_std(arch: Qwen3Architecture) -> float:
+    # Output projections feeding the residual stream are scaled down with depth.
+    return INIT_STD / (2 * arch.num_hidden_layers) ** 0.5
+
+
+def _norm(arch: Qwen3Architecture, size: int) -> RMSNorm.Config:
+    return RMSNorm.Config(
+        normalized_shape=size, eps=arch.rms_norm_eps, param_init={"weight": nn.init.ones_}
+    )
+
+
+def _attention(arch: Qwen3Architecture):
+    return make_gqa_config(
+        dim=arch.hidden_size,
+        n_heads=arch.num_attention_heads,
+        n_kv_heads=arch.num_key_value_heads,
+        head_dim=arch.head_dim,
+        wqkv_param_init=_linear_init(),
+        wo_param_init=_linear_init(_residual_std(arch)) if arch.is_moe else _linear_init(),
+        inner_attention=ScaledDotProductAttention.Config(),
+        fuse_qkv=True,
+        rope=CosSinRoPE.Config(
+            dim=arch.head_dim,
+            max_seq_len=arch.max_position_embeddings,
+            theta=arch.rope_theta,
+        ),
+        qk_norm=_norm(arch, arch.head_dim),
+    )
+
+
+def _moe(arch: Qwen3Architecture):
+    moe = arch.moe
+    experts_init = {
+        "w1_EFD": _normal(INIT_STD),
+        "w3_EFD": _normal(INIT_STD),
+        "w2_EDF": _normal(_residual_std(arch)),
+    }
+    return make_moe_config(
+        num_experts=moe.num_experts,
+        router=make_router_config(
+            dim=arch.hidden_size,
+            num_experts=moe.num_experts,
+            gate_param_init=_linear_init(),
+            top_k=moe.num_experts_per_tok,
+            score_func="softmax",
+            route_norm=moe.norm_topk_prob,
+        ),
+        routed_experts=make_routed_experts_config(
+            dim=arch.hidden_size,
+            hidden_dim=moe.moe_intermediate_size,
+            num_experts=moe.num_experts,
+            top_k=moe.num_experts_per_tok,
+            param_init=experts_init,
+            comm_backend="standard",
+        ),
+    )
+
+
+def _layer(arch: Qwen3Architecture) -> Qwen3TransformerBlock.Config:
+    if arch.is_moe:
+        mlp = {"moe": _moe(arch)}
+    else:
+        mlp = {
+            "feed_forward": make_ffn_config(
+                dim=arch.hidden_size,
+                hidden_dim=arch.intermediate_size,
+                w1_param_init=_linear_init(),
+                w2w3_param_init=_linear_init(),
+            )
+        }
+    return Qwen3TransformerBlock.Config(
+        attention_norm=_norm(arch, arch.hidden_size),
+        ffn_norm=_norm(arch, arch.hidden_size),
+        attention=_attention(arch),
+        **mlp,
+    )
+
+
+def native_model_config(arch: Qwen3Architecture) -> Qwen3Model.Config:
+    tied = arch.tie_word_embeddings
+    return Qwen3Model.Config(
+        vocab_size=arch.vocab_size,
+        dim=arch.hidden_size,
+        norm=_norm(arch, arch.hidden_size),
+        enable_weight_tying=tied,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=arch.vocab_size,
+            embedding_dim=arch.hidden_size,
+            # With tying, the embedding is initialised through lm_head.
+            param_init={"weight": skip_param_init} if tied else {"weight": _normal(INIT_STD)},
+        ),
+        lm_head=Linear.Config(
+            in_features=arch.hidden_size,
+            out_features=arch.vocab_size,
+            param_init=_linear_init(),
+        ),
+        layers=[_layer(arch) for _ in range(arch.num_hidden_layers)],
+    )
+
+
+def native_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
+    return ModelSpec(
+        name="qwen3",
+        flavor=flavor,
+        model=native_model_config(arch),
+        parallelize_fn=parallelize_qwen3,
+        pipelining_fn=pipeline_llm,
+        post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
+        state_dict_adapter=Qwen3StateDictAdapter,
+    )
