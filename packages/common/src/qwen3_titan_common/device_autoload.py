@@ -1,13 +1,13 @@
-"""Installs the torchtitan device shim through PyTorch's backend autoload.
+"""Installs the torchtitan device shim before torchtitan detects its device.
 
-``common`` registers :func:`register` under the ``torch.backends`` entry-point group,
-so ``import torch`` calls it in every process of this environment, including ranks
-started by the upstream form ``torchrun ... -m torchtitan.train``. It only adds an
-import hook (no torchtitan import, no device query), so the cost for programs that
-never import torchtitan is one list insert. The hook runs the real device detection
-after ``torchtitan.tools.utils`` executes and before any module copies its globals.
-``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` disables all autoloading, this included; the
-``train`` launchers then install the hook themselves (:func:`ensure_installed`).
+``common`` installs a ``qwen3_titan_device_hook.pth`` file that calls :func:`register`
+at interpreter start, in every process of the environment, including ranks started
+by the upstream form ``torchrun ... -m torchtitan.train``; the same function is also a
+``torch.backends`` entry point (PyTorch's device-backend autoload) for installs that
+skip ``.pth`` files. It only adds an import hook (no torch or torchtitan import, no
+device query), so programs that never import torchtitan pay one list insert. The
+hook runs the real device detection right after ``torchtitan.tools.utils`` executes
+and before any other torchtitan module copies its ``device_type``/``device_module``.
 """
 
 from __future__ import annotations

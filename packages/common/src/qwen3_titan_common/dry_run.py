@@ -124,6 +124,9 @@ def dry_run(plan: LaunchPlan) -> int:
             ac_config=config.activation_checkpoint,
             dump_folder=config.dump_folder,
         )
+    if getattr(model, "enable_weight_tying", False):
+        # As torchtitan's init_states does: sharding replaced the tied parameter.
+        model.tok_embeddings.weight = model.lm_head.weight
     estimate = _estimate(model, config, layout, model_config)
     print(f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {estimate.params_per_rank:,} on rank 0")
     print(

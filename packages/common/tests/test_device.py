@@ -1,0 +1,69 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+from qwen3_titan_common import device
+from qwen3_titan_common.device import CpuDeviceModule, detect_device
+
+
+def _no_accelerator() -> bool:
+    import torch
+
+    return not torch.cuda.is_available() and not device.neuron_available()
+
+
+def test_forced_cpu_reports_one_gloo_rank(monkeypatch):
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    info = detect_device()
+    assert (info.kind, info.count, info.dist_backend) == ("cpu", 1, "gloo")
+    assert "QWEN3_TITAN_DEVICE=cpu" in info.describe()
+
+
+def test_unknown_forced_device_names_the_variable(monkeypatch):
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="QWEN3_TITAN_DEVICE='tpu': expected one of neuron, cuda, cpu"):
+        detect_device()
+
+
+def test_forcing_neuron_without_the_sdk_says_how_to_install(monkeypatch):
+    if device.neuron_available():
+        pytest.skip("a Neuron device is present: forcing neuron succeeds here")
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "neuron")
+    with pytest.raises(RuntimeError, match="Neuron package repository"):
+        detect_device()
+
+
+@pytest.mark.skipif(not _no_accelerator(), reason="this machine has an accelerator; the CPU fallback is not taken")
+def test_detection_falls_back_to_cpu_without_accelerators(monkeypatch):
+    monkeypatch.delenv("QWEN3_TITAN_DEVICE", raising=False)
+    info = detect_device()
+    assert info.kind == "cpu" and info.dist_backend == "gloo"
+
+
+def test_cpu_device_module_reports_host_memory():
+    stats = CpuDeviceModule.memory_stats()
+    assert stats["reserved_bytes.all.peak"] > 10 * 1024**2  # this process holds torch: > 10 MiB RSS
+    assert CpuDeviceModule.get_device_properties().total_memory > stats["reserved_bytes.all.peak"]
+    assert CpuDeviceModule.device_count() == 1
+
+
+def test_torchtitan_sees_cpu_through_the_autoload_hook():
+    # A fresh interpreter: the hook is installed by torch's backend autoload alone.
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+    code = (
+        "import torchtitan.tools.utils as u; from torchtitan.distributed import utils as du; "
+        "print(u.device_type, u.device_module.__name__, du.device_type)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "CpuDeviceModule", "cpu"]
+
+
+def test_hook_is_installed_at_startup_without_importing_torch():
+    code = (
+        "import sys; print(any(type(f).__name__ == '_TorchtitanDeviceHook' for f in sys.meta_path), "
+        "'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "False"]

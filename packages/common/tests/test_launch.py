@@ -1,0 +1,96 @@
+import shlex
+
+import pytest
+
+from qwen3_titan_common.launch import Backend, LaunchError, plan_launch, run
+from qwen3_titan_common.neuron_env import NEURON_ENV_DEFAULTS, neuron_env_updates
+
+NATIVE = Backend(distribution="native-backend", module="qwen3_titan_native")
+RECIPE_FLAGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0"]
+
+
+def test_print_cmd_is_the_upstream_torchrun_command_with_flags_passed_through(capsys):
+    assert run(NATIVE, ["--print-cmd", "--nproc", "64", "--training.steps", "5", "--config", "native_qwen3_4b"]) == 0
+    argv = shlex.split(capsys.readouterr().out)
+    assert argv[:2] == ["torchrun", "--nproc_per_node=64"]
+    assert argv[2:8] == RECIPE_FLAGS
+    assert argv[8:12] == ["--role", "rank", "--tee", "3"]
+    assert argv[12:] == [
+        "-m", "torchtitan.train", "--module", "qwen3_titan_native", "--config", "native_qwen3_4b",
+        "--training.steps", "5",
+    ]  # fmt: skip
+
+
+def test_default_nproc_is_the_device_count(monkeypatch):
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    _, plan = plan_launch(NATIVE, [])
+    assert plan.nproc_per_node == 1 and plan.config == "debug"
+
+
+def test_multi_node_flags_become_torchrun_rendezvous():
+    _, plan = plan_launch(NATIVE, ["--nproc", "64", "--nnodes", "4", "--node-rank", "2", "--rdzv-endpoint", "h0:29400"])
+    args = plan.torchrun_args()
+    assert "--nnodes=4" in args and "--node_rank=2" in args
+    assert args[args.index("--rdzv_endpoint") + 1] == "h0:29400"
+    assert plan.world_size == 256
+
+
+def test_slurm_environment_is_used_when_flags_are_absent(monkeypatch):
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    monkeypatch.setenv("MASTER_ADDR", "node-a")
+    monkeypatch.setenv("MASTER_PORT", "29555")
+    _, plan = plan_launch(NATIVE, ["--nproc", "8"])
+    assert (plan.nnodes, plan.node_rank, plan.rdzv_endpoint) == (2, 1, "node-a:29555")
+
+
+def test_multi_node_without_endpoint_names_the_flag(monkeypatch):
+    for name in ("MASTER_ADDR", "RDZV_ENDPOINT", "SLURM_NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(LaunchError, match="--nnodes=2 needs --rdzv-endpoint"):
+        plan_launch(NATIVE, ["--nproc", "8", "--nnodes", "2"])
+
+
+def test_node_rank_out_of_range_is_named():
+    with pytest.raises(LaunchError, match="--node-rank=3"):
+        plan_launch(NATIVE, ["--nproc", "8", "--nnodes", "2", "--node-rank", "3", "--rdzv-endpoint", "h:1"])
+
+
+def test_bad_nproc_is_named():
+    with pytest.raises(LaunchError, match="--nproc=0: expected a positive integer"):
+        plan_launch(NATIVE, ["--nproc", "0"])
+
+
+def test_unknown_config_lists_the_available_ones_and_fails(capsys):
+    assert run(NATIVE, ["--nproc", "1", "--config", "qwen3_5t"]) == 2
+    err = capsys.readouterr().err
+    assert "--config qwen3_5t: not a config function of qwen3_titan_native" in err
+    assert "debug, qwen3_0_6b, qwen3_1_7b, qwen3_4b, qwen3_8b, native_qwen3_4b" in err
+
+
+def test_unknown_module_is_named(capsys):
+    assert run(NATIVE, ["--nproc", "1", "--module", "no_such_backend_module"]) == 2
+    assert "--module no_such_backend_module" in capsys.readouterr().err
+
+
+def test_list_configs_shows_names_and_summaries(capsys):
+    assert run(NATIVE, ["--list-configs"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == [
+        "debug", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "native_qwen3_4b",
+    ]  # fmt: skip
+    assert "Qwen3-4B-Instruct-2507" in lines[-1]
+
+
+def test_neuron_env_never_overrides_the_user():
+    env = {"NEURON_LOGICAL_NC_CONFIG": "1"}
+    updates = neuron_env_updates(env)
+    assert "NEURON_LOGICAL_NC_CONFIG" not in updates
+    assert set(updates) == set(NEURON_ENV_DEFAULTS) - {"NEURON_LOGICAL_NC_CONFIG"}
+
+
+def test_print_cmd_shows_neuron_env_prefix():
+    from qwen3_titan_common.launch import LaunchPlan
+
+    plan = LaunchPlan("m", "c", 64, 1, 0, "localhost:0", [], env_updates={"NEURON_LOGICAL_NC_CONFIG": "2"})
+    assert plan.shell_line().startswith("NEURON_LOGICAL_NC_CONFIG=2 torchrun --nproc_per_node=64 ")

@@ -1,0 +1,68 @@
+"""The embedded default trains end to end through the real launcher and Trainer."""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qwen3_titan_common.train_log import parse_step_lines
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+DETERMINISTIC = ["--debug.seed", "0", "--debug.deterministic"]
+
+
+def _train(args, cwd, env=CPU_ENV):
+    proc = subprocess.run([TRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_default_config_trains_logs_and_checkpoints(tmp_path):
+    log = _train(["--dump_folder", str(tmp_path / "out")], cwd=tmp_path)
+    steps = parse_step_lines(log)
+    assert [s.step for s in steps] == list(range(1, 31))
+    assert steps[0].loss > 7.5  # near ln(4096) = 8.3 at random init
+    assert steps[-1].loss < steps[0].loss - 1.5
+    assert all(s.tokens_per_second > 0 and s.memory_gib > 0 for s in steps)
+    assert "device: cpu x1" in log
+    checkpoint = tmp_path / "out" / "checkpoint" / "step-30"
+    assert checkpoint.is_dir() and any(checkpoint.iterdir())
+
+
+@pytest.mark.slow
+def test_printed_command_gives_the_same_run_as_train(tmp_path):
+    common = ["--training.steps", "4", "--checkpoint.no-enable", *DETERMINISTIC]
+    printed = _train(["--print-cmd", *common, "--dump_folder", str(tmp_path / "b")], cwd=tmp_path)
+    command = shlex.split(printed.strip().splitlines()[-1])
+    assert command[0] == "torchrun"
+    env = {**CPU_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{CPU_ENV['PATH']}"}
+    by_hand = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert by_hand.returncode == 0, by_hand.stderr[-3000:]
+    via_train = _train([*common, "--dump_folder", str(tmp_path / "b")], cwd=tmp_path)
+    hand_losses = [s.loss for s in parse_step_lines(by_hand.stdout + by_hand.stderr)]
+    train_losses = [s.loss for s in parse_step_lines(via_train)]
+    assert len(hand_losses) == 4
+    assert hand_losses == train_losses
+
+
+@pytest.mark.slow
+def test_upstream_form_trains_on_cpu(tmp_path):
+    # torchrun ... -m torchtitan.train with no launcher at all: the device hook comes from the environment.
+    torchrun = str(Path(sys.executable).with_name("torchrun"))
+    command = [
+        torchrun, "--nproc_per_node=1", "--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0",
+        "-m", "torchtitan.train", "--module", "neuron_qwen3", "--config", "native_qwen3_4b",
+    ]  # fmt: skip
+    # The 4B shape cannot train here; checking that the recipe name resolves and fails
+    # only for the missing checkpoint-sized work is done by the dry run. Here: debug.
+    command[command.index("neuron_qwen3")] = "qwen3_titan_native"
+    command[command.index("native_qwen3_4b")] = "debug"
+    command += ["--training.steps", "2", "--checkpoint.no-enable", "--dump_folder", str(tmp_path / "o")]
+    proc = subprocess.run(command, cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(parse_step_lines(proc.stdout + proc.stderr)) == 2
