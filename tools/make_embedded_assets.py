@@ -173,9 +173,7 @@ def is_dunder(name: str) -> bool:
 
 
 def public_members(namespace: dict) -> list[tuple[str, object]]:
-    return sorted(
-        (name, value) for name, value in namespace.items() if not name.startswith("_")
-    )
+    return sorted((name, value) for name, value in namespace.items() if not name.startswith("_"))
 
 
 def is_documented_class_attribute(name: str, value) -> bool:
@@ -264,9 +262,7 @@ def discover_stdlib_modules() -> list[str]:
         if module is None or not is_from_stdlib_dir(module):
             continue
         found.add(name)
-        pending.extend(
-            child for child in submodule_names(module) if not is_skipped_module(child)
-        )
+        pending.extend(child for child in submodule_names(module) if not is_skipped_module(child))
     return sorted(found)
 
 
@@ -337,8 +333,7 @@ def tokenizer_config() -> dict:
         "add_bos_token": False,
         "add_eos_token": False,
         "added_tokens_decoder": {
-            str(token_id): special_token_entry(token)
-            for token_id, token in enumerate(SPECIAL_TOKENS)
+            str(token_id): special_token_entry(token) for token_id, token in enumerate(SPECIAL_TOKENS)
         },
         "bos_token": None,
         "chat_template": CHAT_TEMPLATE,
@@ -357,9 +352,7 @@ def write_tokenizer(tokenizer) -> None:
     TOKENIZER_DIR.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(TOKENIZER_DIR / "tokenizer.json"), pretty=True)
     config_text = json.dumps(tokenizer_config(), indent=2, ensure_ascii=False)
-    (TOKENIZER_DIR / "tokenizer_config.json").write_text(
-        config_text + "\n", encoding="utf-8"
-    )
+    (TOKENIZER_DIR / "tokenizer_config.json").write_text(config_text + "\n", encoding="utf-8")
 
 
 def count_tokens(tokenizer, documents: list[str]) -> int:
@@ -385,8 +378,7 @@ def render_provenance(document_count: int, token_count: int) -> str:
     corpus_bytes = CORPUS_PATH.stat().st_size
     python_version = platform.python_version()
     checksum_lines = "\n".join(
-        f"{sha256_of(path)}  {path.relative_to(ASSETS_DIR).as_posix()}"
-        for path in generated_files()
+        f"{sha256_of(path)}  {path.relative_to(ASSETS_DIR).as_posix()}" for path in generated_files()
     )
     skipped = ", ".join(f"`{name}`" for name in sorted(SKIPPED_TOP_LEVEL_MODULES))
     return f"""# Embedded default assets: provenance
@@ -462,9 +454,7 @@ def main() -> None:
     tokenizer = train_tokenizer(documents)
     write_tokenizer(tokenizer)
     token_count = count_tokens(tokenizer, documents)
-    PROVENANCE_PATH.write_text(
-        render_provenance(len(documents), token_count), encoding="utf-8"
-    )
+    PROVENANCE_PATH.write_text(render_provenance(len(documents), token_count), encoding="utf-8")
     print(
         f"corpus: {corpus_bytes} bytes, {len(documents)} documents, "
         f"{token_count} tokens ({token_count / corpus_bytes:.4f} tokens/byte)"

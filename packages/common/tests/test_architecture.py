@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from qwen3_titan_common.architecture import ArchitectureError, architecture_from_config, read_architecture
 from qwen3_titan_common.assets import default_architecture
 from qwen3_titan_common.published import PUBLISHED_CONFIGS, published_architecture
@@ -15,7 +14,10 @@ def test_qwen3_4b_instruct_2507_keeps_its_rope_theta_and_context():
 
 
 def test_rope_parameters_of_transformers_v5_are_read():
-    config = {**PUBLISHED_CONFIGS["Qwen3-0.6B"], "rope_parameters": {"rope_type": "default", "rope_theta": 123.0}}
+    config = {
+        **PUBLISHED_CONFIGS["Qwen3-0.6B"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 123.0},
+    }
     del config["rope_theta"]
     assert architecture_from_config(config).rope_theta == 123.0
 
@@ -55,7 +57,10 @@ def test_moe_fields_are_read():
 
 def test_embedded_default_is_a_few_million_parameters():
     arch = default_architecture()
-    per_layer = 4 * arch.hidden_size * arch.num_attention_heads * arch.head_dim // 2 + 3 * arch.hidden_size * arch.intermediate_size
+    per_layer = (
+        4 * arch.hidden_size * arch.num_attention_heads * arch.head_dim // 2
+        + 3 * arch.hidden_size * arch.intermediate_size
+    )
     total = arch.vocab_size * arch.hidden_size + arch.num_hidden_layers * per_layer
     assert 1_000_000 < total < 10_000_000
     assert arch.tie_word_embeddings

@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-
 from qwen3_titan_common import device
 from qwen3_titan_common.device import CpuDeviceModule, detect_device
 
@@ -35,7 +34,9 @@ def test_forcing_neuron_without_the_sdk_says_how_to_install(monkeypatch):
         detect_device()
 
 
-@pytest.mark.skipif(not _no_accelerator(), reason="this machine has an accelerator; the CPU fallback is not taken")
+@pytest.mark.skipif(
+    not _no_accelerator(), reason="this machine has an accelerator; the CPU fallback is not taken"
+)
 def test_detection_falls_back_to_cpu_without_accelerators(monkeypatch):
     monkeypatch.delenv("QWEN3_TITAN_DEVICE", raising=False)
     info = detect_device()

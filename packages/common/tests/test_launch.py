@@ -1,7 +1,6 @@
 import shlex
 
 import pytest
-
 from qwen3_titan_common.launch import Backend, LaunchError, plan_launch, run
 from qwen3_titan_common.neuron_env import NEURON_ENV_DEFAULTS, neuron_env_updates
 
@@ -10,7 +9,10 @@ RECIPE_FLAGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--l
 
 
 def test_print_cmd_is_the_upstream_torchrun_command_with_flags_passed_through(capsys):
-    assert run(NATIVE, ["--print-cmd", "--nproc", "64", "--training.steps", "5", "--config", "native_qwen3_4b"]) == 0
+    assert (
+        run(NATIVE, ["--print-cmd", "--nproc", "64", "--training.steps", "5", "--config", "native_qwen3_4b"])
+        == 0
+    )
     argv = shlex.split(capsys.readouterr().out)
     assert argv[:2] == ["torchrun", "--nproc_per_node=64"]
     assert argv[2:8] == RECIPE_FLAGS
@@ -28,7 +30,9 @@ def test_default_nproc_is_the_device_count(monkeypatch):
 
 
 def test_multi_node_flags_become_torchrun_rendezvous():
-    _, plan = plan_launch(NATIVE, ["--nproc", "64", "--nnodes", "4", "--node-rank", "2", "--rdzv-endpoint", "h0:29400"])
+    _, plan = plan_launch(
+        NATIVE, ["--nproc", "64", "--nnodes", "4", "--node-rank", "2", "--rdzv-endpoint", "h0:29400"]
+    )
     args = plan.torchrun_args()
     assert "--nnodes=4" in args and "--node_rank=2" in args
     assert args[args.index("--rdzv_endpoint") + 1] == "h0:29400"

@@ -1,7 +1,6 @@
 import pytest
-from torchtitan.config import ParallelismConfig
-
 from qwen3_titan_common.layout import LayoutError, resolve_layout
+from torchtitan.config import ParallelismConfig
 
 
 def test_fsdp_degree_is_inferred_from_the_rank_count():
@@ -11,7 +10,9 @@ def test_fsdp_degree_is_inferred_from_the_rank_count():
 
 def test_explicit_degrees_must_multiply_to_the_rank_count():
     cfg = ParallelismConfig(data_parallel_shard_degree=8, tensor_parallel_degree=4)
-    with pytest.raises(LayoutError, match=r"dp_shard 8 x context 1 x tensor 4 x pipeline 1 = 32, expected 64 ranks"):
+    with pytest.raises(
+        LayoutError, match=r"dp_shard 8 x context 1 x tensor 4 x pipeline 1 = 32, expected 64 ranks"
+    ):
         resolve_layout(cfg, 64)
 
 

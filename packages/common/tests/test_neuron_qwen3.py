@@ -1,7 +1,6 @@
 from importlib.metadata import entry_points
 
 import pytest
-
 from neuron_qwen3 import config_registry as recipes
 from qwen3_titan_common.launch import Backend, run
 

@@ -28,13 +28,24 @@ def test_64_rank_layout_of_the_recipe_4b_config():
 
 @pytest.mark.slow
 def test_256_ranks_with_tensor_parallel_4():
-    proc = _dry_run("--nproc", "64", "--nnodes", "4", "--config", "native_qwen3_4b", "--parallelism.tensor_parallel_degree", "4")
+    proc = _dry_run(
+        "--nproc",
+        "64",
+        "--nnodes",
+        "4",
+        "--config",
+        "native_qwen3_4b",
+        "--parallelism.tensor_parallel_degree",
+        "4",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "256 ranks = dp_replicate 1 x dp_shard(FSDP) 64 x context 1 x tensor 4" in proc.stdout
 
 
 def test_degrees_that_do_not_multiply_fail_with_one_line():
-    proc = _dry_run("--nproc", "64", "--config", "native_qwen3_4b", "--parallelism.data_parallel_shard_degree", "8")
+    proc = _dry_run(
+        "--nproc", "64", "--config", "native_qwen3_4b", "--parallelism.data_parallel_shard_degree", "8"
+    )
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("train: parallel degrees do not multiply to the rank count")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from qwen3_titan_common.train_log import parse_step_lines
 
 TRAIN = str(Path(sys.executable).with_name("train"))

@@ -95,9 +95,7 @@ def _require(config: Mapping[str, Any], key: str, kind: type, where: str) -> Any
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ArchitectureError(
-            f"{where}: field '{key}' is {value!r}, expected {kind.__name__}"
-        )
+        raise ArchitectureError(f"{where}: field '{key}' is {value!r}, expected {kind.__name__}")
     return value
 
 

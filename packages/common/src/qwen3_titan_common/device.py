@@ -68,9 +68,7 @@ def _forced_device() -> str | None:
     if not forced:
         return None
     if forced not in DIST_BACKENDS:
-        raise ValueError(
-            f"{FORCE_DEVICE_ENV}={forced!r}: expected one of {', '.join(DIST_BACKENDS)}"
-        )
+        raise ValueError(f"{FORCE_DEVICE_ENV}={forced!r}: expected one of {', '.join(DIST_BACKENDS)}")
     return forced
 
 

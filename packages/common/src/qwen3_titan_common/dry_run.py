@@ -128,7 +128,9 @@ def dry_run(plan: LaunchPlan) -> int:
         # As torchtitan's init_states does: sharding replaced the tied parameter.
         model.tok_embeddings.weight = model.lm_head.weight
     estimate = _estimate(model, config, layout, model_config)
-    print(f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {estimate.params_per_rank:,} on rank 0")
+    print(
+        f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {estimate.params_per_rank:,} on rank 0"
+    )
     print(
         "[dry-run] memory per rank (fp32 params + grads + AdamW, bf16 activations, estimate): "
         f"params {estimate.param_bytes / GIB:.2f} GiB, grads {estimate.grad_bytes / GIB:.2f} GiB, "

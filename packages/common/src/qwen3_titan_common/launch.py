@@ -88,10 +88,14 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
     )
     p.add_argument("--module", default=backend.module, help=f"torchtitan module (default: {backend.module})")
     p.add_argument(
-        "--config", default=backend.default_config, help=f"config function (default: {backend.default_config})"
+        "--config",
+        default=backend.default_config,
+        help=f"config function (default: {backend.default_config})",
     )
     p.add_argument("--print-cmd", action="store_true", help="print the equivalent torchrun command and exit")
-    p.add_argument("--list-configs", action="store_true", help="list this backend's config functions and exit")
+    p.add_argument(
+        "--list-configs", action="store_true", help="list this backend's config functions and exit"
+    )
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -100,7 +104,9 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=None, help="ranks per node (default: the device count)")
     p.add_argument("--nnodes", type=int, default=None, help="number of machines (default: 1, or Slurm's)")
     p.add_argument("--node-rank", type=int, default=None, help="this machine's rank among --nnodes")
-    p.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous, needed with --nnodes > 1")
+    p.add_argument(
+        "--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous, needed with --nnodes > 1"
+    )
     return p
 
 
@@ -131,7 +137,9 @@ def _check_config_name(module: str, config: str) -> None:
         )
     names = [f.name for f in functions]
     if config not in names:
-        raise LaunchError(f"--config {config}: not a config function of {module}; available: {', '.join(names)}")
+        raise LaunchError(
+            f"--config {config}: not a config function of {module}; available: {', '.join(names)}"
+        )
     if module == "neuron_qwen3":
         from neuron_qwen3.config_registry import missing_provider
 

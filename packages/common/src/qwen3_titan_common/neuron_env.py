@@ -24,9 +24,7 @@ LOGICAL_CORES_PER_TRN2_48XL = 64
 
 NEURON_ENV_DEFAULTS: dict[str, str] = {
     "NEURON_LOGICAL_NC_CONFIG": str(LOGICAL_CORE_SIZE),
-    "NEURON_COMPILE_CACHE_URL": os.path.join(
-        os.path.expanduser("~"), ".cache", "neuron-compile-cache"
-    ),
+    "NEURON_COMPILE_CACHE_URL": os.path.join(os.path.expanduser("~"), ".cache", "neuron-compile-cache"),
     # Fail on a graph that does not compile rather than silently running it on CPU.
     "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS": "0",
 }

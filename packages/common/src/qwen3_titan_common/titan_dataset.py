@@ -10,8 +10,9 @@ from qwen3_titan_common.assets import DEFAULT_DATASET_NAME, default_corpus_path,
 
 
 def _load_jsonl_corpus(path: str):
-    from datasets import Dataset
     from pathlib import Path
+
+    from datasets import Dataset
 
     # In memory: a few MB, and no arrow cache written under the user's home.
     return Dataset.from_list(read_text_jsonl(Path(path)))

@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchtitan.trainer import Trainer
-
 # Helpers are imported under private names: torchtitan lists every public callable
 # of this module as a config function in its "not found" error.
 from qwen3_titan_common.architecture import Qwen3Architecture
 from qwen3_titan_common.assets import default_architecture as _default_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir as _default_tokenizer_dir
 from qwen3_titan_common.published import published_architecture as _published_architecture
+from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
 from qwen3_titan_common.trainer_config import RunShape
 from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
-from qwen3_titan_native.model import native_model_spec as _native_model_spec
+from torchtitan.trainer import Trainer
 
 BACKEND = "native"
 
@@ -28,7 +27,7 @@ QWEN3_4B_2507_DIR = Path("assets/hf/Qwen3-4B-Instruct-2507")
 
 def _config(arch: Qwen3Architecture, flavor: str, shape: RunShape, assets: Path) -> Trainer.Config:
     return _build_trainer_config(
-        _native_model_spec(arch, flavor), assets_path=assets, vocab_size=arch.vocab_size, shape=shape
+        _titan_qwen3_model_spec(arch, flavor), assets_path=assets, vocab_size=arch.vocab_size, shape=shape
     )
 
 
@@ -61,9 +60,7 @@ def debug() -> Trainer.Config:
 
 
 def _published(name: str, hub_name: str) -> Trainer.Config:
-    return _config(
-        _published_architecture(hub_name), name, _real_size_shape(name), _default_tokenizer_dir()
-    )
+    return _config(_published_architecture(hub_name), name, _real_size_shape(name), _default_tokenizer_dir())
 
 
 def qwen3_0_6b() -> Trainer.Config:

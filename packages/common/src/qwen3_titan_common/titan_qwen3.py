@@ -1,6 +1,7 @@
-"""torchtitan's native Qwen3 model, shaped by a Hugging Face architecture.
+"""torchtitan's native Qwen3 / Qwen3-MoE model config, shaped by a Hugging Face architecture.
 
-We build ``Qwen3Model.Config`` from :class:`Qwen3Architecture` (i.e. from the
+Shared by the backends that train torchtitan's own Qwen3 (native, nki-moe) and by the
+checkpoint tools that compare against it. We build ``Qwen3Model.Config`` from :class:`Qwen3Architecture` (i.e. from the
 checkpoint's ``config.json``) rather than from torchtitan's flavor table, and put
 SDPA on every layer: ``attn_backend="sdpa"`` is rejected by torchtitan 0.3.0, Flex has
 no CPU backward, and SDPA is what Neuron runs.
@@ -49,9 +50,7 @@ def _residual_std(arch: Qwen3Architecture) -> float:
 
 
 def _norm(arch: Qwen3Architecture, size: int) -> RMSNorm.Config:
-    return RMSNorm.Config(
-        normalized_shape=size, eps=arch.rms_norm_eps, param_init={"weight": nn.init.ones_}
-    )
+    return RMSNorm.Config(normalized_shape=size, eps=arch.rms_norm_eps, param_init={"weight": nn.init.ones_})
 
 
 def _attention(arch: Qwen3Architecture):
@@ -121,7 +120,7 @@ def _layer(arch: Qwen3Architecture) -> Qwen3TransformerBlock.Config:
     )
 
 
-def native_model_config(arch: Qwen3Architecture) -> Qwen3Model.Config:
+def titan_qwen3_model_config(arch: Qwen3Architecture) -> Qwen3Model.Config:
     tied = arch.tie_word_embeddings
     return Qwen3Model.Config(
         vocab_size=arch.vocab_size,
@@ -143,11 +142,11 @@ def native_model_config(arch: Qwen3Architecture) -> Qwen3Model.Config:
     )
 
 
-def native_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
+def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
     return ModelSpec(
         name="qwen3",
         flavor=flavor,
-        model=native_model_config(arch),
+        model=titan_qwen3_model_config(arch),
         parallelize_fn=parallelize_qwen3,
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
