@@ -120,10 +120,18 @@ def architecture_from_config(config: Mapping[str, Any], where: str = "config.jso
     moe = None
     if model_type == MOE_MODEL_TYPE:
         moe = MoEArchitecture(
-            num_experts=_require(config, "num_experts", int, where),
+            # transformers v5 writes "num_local_experts"; the published configs say "num_experts".
+            num_experts=_require(
+                config,
+                "num_local_experts"
+                if "num_experts" not in config and "num_local_experts" in config
+                else "num_experts",
+                int,
+                where,
+            ),
             num_experts_per_tok=_require(config, "num_experts_per_tok", int, where),
             moe_intermediate_size=_require(config, "moe_intermediate_size", int, where),
-            norm_topk_prob=bool(config.get("norm_topk_prob", True)),
+            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
             decoder_sparse_step=int(config.get("decoder_sparse_step", 1)),
             mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
         )

@@ -107,7 +107,21 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
     p.add_argument(
         "--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous, needed with --nnodes > 1"
     )
+    p.add_argument(
+        "--hf-model",
+        default=None,
+        metavar="DIR",
+        help="start from this Hugging Face model directory (same as --hf.model_dir DIR)",
+    )
     return p
+
+
+def _aliases(opts: argparse.Namespace) -> list[str]:
+    """Launcher shorthands, turned into the torchtitan flags they stand for."""
+    if opts.hf_model is None:
+        return []
+    # Ranks may start elsewhere (other nodes' working directories): pass an absolute path.
+    return ["--hf.model_dir", str(Path(opts.hf_model).expanduser().resolve())]
 
 
 def _cluster_default(flag_value, *env_names: str) -> str | None:
@@ -182,7 +196,7 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=endpoint or "localhost:0",
-        passthrough=passthrough,
+        passthrough=[*_aliases(opts), *passthrough],
         env_updates=env_updates,
     )
     return opts, plan

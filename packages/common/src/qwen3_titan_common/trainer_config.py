@@ -1,6 +1,6 @@
-"""The one ``Trainer.Config`` shape every backend's config functions start from.
+"""The one ``Qwen3Trainer.Config`` shape every backend's config functions start from.
 
-Backends differ only in the model spec they pass in; data, tokenizer, optimizer,
+Backends differ only in how they build a model spec from an architecture; data, tokenizer, optimizer,
 schedule, checkpointing and logging are set here, so switching backend changes only
 ``--module``/``--config``.
 """
@@ -18,9 +18,9 @@ from torchtitan.config import TrainingConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
-from torchtitan.protocols.model_spec import ModelSpec
-from torchtitan.trainer import Trainer
 
+from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
 from qwen3_titan_common.titan_dataset import register_default_dataset
 
 
@@ -42,15 +42,22 @@ class RunShape:
 
 
 def build_trainer_config(
-    model_spec: ModelSpec,
+    arch: Qwen3Architecture,
+    flavor: str,
+    model_spec_builder: ModelSpecBuilder,
     *,
     assets_path: Path,
-    vocab_size: int,
     shape: RunShape,
-) -> Trainer.Config:
+    hf: HFCheckpointConfig | None = None,
+) -> Qwen3Trainer.Config:
+    """``hf.model_dir``, when set, replaces ``arch`` with the directory's own at Trainer start."""
     dataset = register_default_dataset()
-    return Trainer.Config(
-        model_spec=model_spec,
+    vocab_size = arch.vocab_size
+    return Qwen3Trainer.Config(
+        model_spec=model_spec_builder(arch, flavor),
+        architecture=arch,
+        model_spec_builder=model_spec_builder,
+        hf=hf or HFCheckpointConfig(),
         hf_assets_path=str(assets_path),
         dump_folder=shape.dump_folder,
         metrics=MetricsProcessor.Config(log_freq=shape.log_freq),

@@ -14,6 +14,7 @@ from qwen3_titan_common.architecture import Qwen3Architecture
 from qwen3_titan_common.assets import default_architecture as _default_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir as _default_tokenizer_dir
 from qwen3_titan_common.published import published_architecture as _published_architecture
+from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig
 from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
 from qwen3_titan_common.trainer_config import RunShape
 from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
@@ -25,9 +26,11 @@ BACKEND = "native"
 QWEN3_4B_2507_DIR = Path("assets/hf/Qwen3-4B-Instruct-2507")
 
 
-def _config(arch: Qwen3Architecture, flavor: str, shape: RunShape, assets: Path) -> Trainer.Config:
+def _config(
+    arch: Qwen3Architecture, flavor: str, shape: RunShape, assets: Path, hf: HFCheckpointConfig | None = None
+) -> Trainer.Config:
     return _build_trainer_config(
-        _titan_qwen3_model_spec(arch, flavor), assets_path=assets, vocab_size=arch.vocab_size, shape=shape
+        arch, flavor, _titan_qwen3_model_spec, assets_path=assets, shape=shape, hf=hf
     )
 
 
@@ -85,4 +88,10 @@ def qwen3_8b() -> Trainer.Config:
 
 def native_qwen3_4b() -> Trainer.Config:
     """The recipe's config: Qwen3-4B-Instruct-2507 (RoPE theta 5e6) from assets/hf/."""
-    return _published("native_qwen3_4b", "Qwen3-4B-Instruct-2507")
+    name = "native_qwen3_4b"
+    hf = HFCheckpointConfig(
+        model_dir=str(QWEN3_4B_2507_DIR),
+        download_hint=f"hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir {QWEN3_4B_2507_DIR}",
+    )
+    arch = _published_architecture("Qwen3-4B-Instruct-2507")
+    return _config(arch, name, _real_size_shape(name), _default_tokenizer_dir(), hf)

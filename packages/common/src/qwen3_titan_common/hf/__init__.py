@@ -1,0 +1,1 @@
+"""Hugging Face model directories: read, check, and write what ``transformers`` loads."""

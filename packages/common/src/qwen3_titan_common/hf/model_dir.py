@@ -1,0 +1,133 @@
+"""A Hugging Face model directory as made by ``hf download`` or ``save_pretrained``."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen3_titan_common.architecture import Qwen3Architecture, read_architecture
+from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.hf.safetensors_header import TensorEntry, read_header
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
+GENERATION_CONFIG = "generation_config.json"
+_REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
+
+
+@dataclass(frozen=True)
+class HFModelDir:
+    path: Path
+    architecture: Qwen3Architecture
+    tensors: dict[str, TensorEntry] = field(repr=False)
+    tokenizer_files: tuple[str, ...]
+    has_generation_config: bool
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return "tokenizer.json" in self.tokenizer_files or "vocab.json" in self.tokenizer_files
+
+    @property
+    def weight_files(self) -> list[Path]:
+        return sorted({entry.file for entry in self.tensors.values()})
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.weight_files)
+
+    @property
+    def dtype_name(self) -> str:
+        """The most common tensor dtype on disk, as a torch dtype name."""
+        counts: dict[str, int] = {}
+        for entry in self.tensors.values():
+            counts[entry.dtype] = counts.get(entry.dtype, 0) + 1
+        most = max(counts, key=counts.get) if counts else "F32"
+        return {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(most, "float32")
+
+
+def resolve_local_dir(path: str | Path, flag: str = "--hf.model_dir") -> Path:
+    text = str(path)
+    if _REMOTE.match(text):
+        raise CheckpointError(
+            f"{flag} {text}: a remote location; download it first "
+            "(e.g. `hf download ORG/NAME --local-dir DIR`) and pass the local DIR"
+        )
+    resolved = Path(text).expanduser().resolve()
+    if not resolved.is_dir():
+        raise CheckpointError(f"{flag} {text}: no such directory ({resolved})")
+    return resolved
+
+
+def _weight_map(path: Path) -> dict[str, Path]:
+    index_path = path / INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise CheckpointError(
+                f"{index_path}: not a safetensors index ({err!r}; expected a 'weight_map')"
+            ) from None
+        files = {}
+        for key, name in weight_map.items():
+            shard = path / name
+            if not shard.is_file():
+                raise CheckpointError(f"{index_path}: names shard '{name}' for '{key}', which is missing")
+            files[key] = shard
+        return files
+    single = path / SINGLE_FILE
+    if single.is_file():
+        return {}
+    pickled = [name for name in _PICKLE_WEIGHTS if (path / name).exists()]
+    if pickled:
+        raise CheckpointError(
+            f"{path / pickled[0]}: PyTorch pickle weights are never loaded (unpickling runs code); convert "
+            "them once to safetensors, e.g. `AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(NEW_DIR)` "
+            "in a trusted environment, and pass NEW_DIR"
+        )
+    raise CheckpointError(
+        f"{path}: no {SINGLE_FILE} or {INDEX_FILE} (a Hugging Face model directory needs one)"
+    )
+
+
+def _read_tensors(path: Path) -> dict[str, TensorEntry]:
+    weight_map = _weight_map(path)
+    if not weight_map:
+        return read_header(path / SINGLE_FILE)
+    tensors: dict[str, TensorEntry] = {}
+    headers = {shard: read_header(shard) for shard in sorted(set(weight_map.values()))}
+    for key, shard in weight_map.items():
+        if key not in headers[shard]:
+            raise CheckpointError(
+                f"{path / INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
+            )
+        tensors[key] = headers[shard][key]
+    for shard, entries in headers.items():
+        for key in entries.keys() - weight_map.keys():
+            tensors[key] = entries[key]  # present but unindexed: reported as unexpected if not a model key
+    return tensors
+
+
+def open_model_dir(path: str | Path, flag: str = "--hf.model_dir") -> HFModelDir:
+    """Check a model directory's files and read its config and tensor headers (no weights)."""
+    resolved = resolve_local_dir(path, flag)
+    architecture = read_architecture(resolved)
+    tensors = _read_tensors(resolved)
+    return HFModelDir(
+        path=resolved,
+        architecture=architecture,
+        tensors=tensors,
+        tokenizer_files=tuple(name for name in TOKENIZER_FILES if (resolved / name).is_file()),
+        has_generation_config=(resolved / GENERATION_CONFIG).is_file(),
+    )

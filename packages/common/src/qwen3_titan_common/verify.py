@@ -1,0 +1,160 @@
+"""``verify-checkpoint DIR``: does this Hugging Face directory load and compute the same everywhere?
+
+1. Checks the directory's files and its tensor names and shapes against the
+   architecture its config.json describes (missing / unexpected / mismatched keys).
+2. Loads it with ``transformers.AutoModelForCausalLM`` and with torchtitan's native
+   Qwen3, runs the same tokens through both, and prints the max absolute logits
+   difference and the loss on a fixed text.
+3. ``--against OTHER`` also compares two checkpoints: tensor by tensor and by logits.
+
+Exits 1 past ``--tolerance``, 2 on a directory that does not load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qwen3_titan_common.architecture import ArchitectureError
+from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.hf.expected_keys import expected_hf_shapes, key_problems
+from qwen3_titan_common.hf.model_dir import HFModelDir, open_model_dir
+
+FIXED_TEXT = (
+    "Return a new sorted list from the items in iterable. A custom key function can be supplied to "
+    "customize the sort order, and the reverse flag can be set to request the result in descending order."
+)
+
+
+@dataclass(frozen=True)
+class Report:
+    key_problems: list[str]
+    logits_max_abs_diff: float
+    loss_transformers: float
+    loss_titan: float
+
+
+def _tokens(model_dir: HFModelDir, text: str) -> torch.Tensor:
+    from transformers import AutoTokenizer
+
+    from qwen3_titan_common.assets import default_tokenizer_dir
+
+    source = model_dir.path if model_dir.has_tokenizer else default_tokenizer_dir()
+    ids = AutoTokenizer.from_pretrained(str(source)).encode(text)
+    ids = [i % model_dir.architecture.vocab_size for i in ids]
+    return torch.tensor([ids])
+
+
+def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    return torch.nn.functional.cross_entropy(logits[0, :-1].float(), tokens[0, 1:]).item()
+
+
+def _transformers_logits(path: Path, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False).eval()
+    with torch.no_grad():
+        return model(tokens).logits.float()
+
+
+def verify(model_dir: HFModelDir, text: str = FIXED_TEXT, dtype: torch.dtype = torch.float32) -> Report:
+    from qwen3_titan_common.hf.titan_load import build_titan_qwen3
+
+    arch = model_dir.architecture
+    found = {k: e.shape for k, e in model_dir.tensors.items()}
+    problems = key_problems(expected_hf_shapes(arch), found, tied=arch.tie_word_embeddings)
+    tokens = _tokens(model_dir, text)
+    hf_logits = _transformers_logits(model_dir.path, tokens, dtype)
+    titan = build_titan_qwen3(model_dir, dtype=dtype, seq_len=max(tokens.shape[1], 16))
+    with torch.no_grad():
+        titan_logits = titan(tokens).float()
+    return Report(
+        key_problems=problems,
+        logits_max_abs_diff=(hf_logits - titan_logits).abs().max().item(),
+        loss_transformers=_loss(hf_logits, tokens),
+        loss_titan=_loss(titan_logits, tokens),
+    )
+
+
+def compare_checkpoints(
+    a: HFModelDir, b: HFModelDir, text: str, dtype: torch.dtype
+) -> tuple[float, float, list[str]]:
+    """(max tensor diff, max logits diff, key differences) between two directories."""
+    from qwen3_titan_common.hf.titan_load import read_hf_state_dict
+
+    sa, sb = read_hf_state_dict(a, dtype), read_hf_state_dict(b, dtype)
+    differences = [f"only in {a.path}: {k}" for k in sorted(sa.keys() - sb.keys())]
+    differences += [f"only in {b.path}: {k}" for k in sorted(sb.keys() - sa.keys())]
+    tensor_diff = 0.0
+    for key in sa.keys() & sb.keys():
+        if sa[key].shape != sb[key].shape:
+            differences.append(f"{key}: shape {list(sa[key].shape)} vs {list(sb[key].shape)}")
+            continue
+        tensor_diff = max(tensor_diff, (sa[key] - sb[key]).abs().max().item())
+    tokens = _tokens(a, text)
+    logits_diff = (
+        (_transformers_logits(a.path, tokens, dtype) - _transformers_logits(b.path, tokens, dtype))
+        .abs()
+        .max()
+        .item()
+    )
+    return tensor_diff, logits_diff, differences
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="verify-checkpoint", description=__doc__.split("\n\n")[0])
+    p.add_argument("model_dir", help="Hugging Face model directory (config.json + safetensors)")
+    p.add_argument("--against", metavar="OTHER_DIR", help="also compare with this checkpoint")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="max abs logits difference (default 1e-4)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--text", default=FIXED_TEXT, help="text for the loss (default: a fixed sentence)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    try:
+        model_dir = open_model_dir(args.model_dir, flag="verify-checkpoint")
+        other = open_model_dir(args.against, flag="--against") if args.against else None
+    except (CheckpointError, ArchitectureError) as err:
+        print(f"verify-checkpoint: {err}", file=sys.stderr)
+        return 2
+    arch = model_dir.architecture
+    kind = "MoE" if arch.is_moe else "dense"
+    print(
+        f"{model_dir.path}: Qwen3 {kind}, {arch.num_hidden_layers} layers, hidden {arch.hidden_size}, "
+        f"vocab {arch.vocab_size}, tied {arch.tie_word_embeddings}, rope_theta {arch.rope_theta:g}, "
+        f"{len(model_dir.tensors)} tensors ({model_dir.dtype_name})"
+    )
+    report = verify(model_dir, args.text, dtype)
+    failed = False
+    if report.key_problems:
+        failed = True
+        for problem in report.key_problems:
+            print(f"keys: {problem}")
+    else:
+        print("keys: complete (no missing, unexpected or mismatched tensors)")
+    print(
+        f"logits max |transformers - torchtitan|: {report.logits_max_abs_diff:.3e} (tolerance {args.tolerance:g})"
+    )
+    print(
+        f"loss on the fixed text: transformers {report.loss_transformers:.6f}, torchtitan {report.loss_titan:.6f}"
+    )
+    failed |= report.logits_max_abs_diff > args.tolerance
+    if other is not None:
+        tensor_diff, logits_diff, differences = compare_checkpoints(model_dir, other, args.text, dtype)
+        for line in differences:
+            print(f"against: {line}")
+        print(f"against {other.path}: max tensor diff {tensor_diff:.3e}, logits max diff {logits_diff:.3e}")
+        failed |= bool(differences) or logits_diff > args.tolerance
+    print("FAILED" if failed else "OK")
+    return 1 if failed else 0
+
+
+def console_main() -> None:
+    sys.exit(main())
