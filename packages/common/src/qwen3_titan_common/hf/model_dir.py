@@ -113,7 +113,7 @@ def _read_tensors(path: Path) -> dict[str, TensorEntry]:
                 f"{path / INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
             )
         tensors[key] = headers[shard][key]
-    for shard, entries in headers.items():
+    for entries in headers.values():
         for key in entries.keys() - weight_map.keys():
             tensors[key] = entries[key]  # present but unindexed: reported as unexpected if not a model key
     return tensors
