@@ -165,6 +165,20 @@ def _check_config_name(module: str, config: str) -> None:
             )
 
 
+def _check_model_dir(titan_args: list[str]) -> None:
+    """Check an explicitly named HF directory before starting ranks (headers only, no weights)."""
+    for flag in ("--hf.model_dir", "--hf.model-dir"):
+        if flag in titan_args and titan_args.index(flag) + 1 < len(titan_args):
+            from qwen3_titan_common.architecture import ArchitectureError
+            from qwen3_titan_common.hf.errors import CheckpointError
+            from qwen3_titan_common.hf.start import open_checked_model_dir
+
+            try:
+                open_checked_model_dir(titan_args[titan_args.index(flag) + 1])
+            except (CheckpointError, ArchitectureError) as err:
+                raise LaunchError(str(err)) from None
+
+
 def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, LaunchPlan]:
     opts, passthrough = _parser(backend).parse_known_args(argv)
     nnodes = _positive_int(_cluster_default(opts.nnodes, "NNODES", "SLURM_NNODES") or "1", "--nnodes")
@@ -225,6 +239,7 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
         if opts.list_configs:
             return _list_configs(plan.module)
         _check_config_name(plan.module, plan.config)
+        _check_model_dir(plan.passthrough)
         if opts.dry_run:
             from qwen3_titan_common.dry_run import dry_run
 

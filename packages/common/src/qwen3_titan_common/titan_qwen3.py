@@ -9,6 +9,7 @@ no CPU backward, and SDPA is what Neuron runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 
@@ -32,6 +33,7 @@ from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.titan_experts import ActivationDtypeGroupedExperts
 
 INIT_STD = 0.02
 
@@ -79,6 +81,18 @@ def _moe(arch: Qwen3Architecture):
         "w3_EFD": _normal(INIT_STD),
         "w2_EDF": _normal(_residual_std(arch)),
     }
+    routed_experts = make_routed_experts_config(
+        dim=arch.hidden_size,
+        hidden_dim=moe.moe_intermediate_size,
+        num_experts=moe.num_experts,
+        top_k=moe.num_experts_per_tok,
+        param_init=experts_init,
+        comm_backend="standard",
+    )
+    stock = routed_experts.inner_experts
+    routed_experts.inner_experts = ActivationDtypeGroupedExperts.Config(
+        **{f.name: getattr(stock, f.name) for f in dataclasses.fields(stock)}
+    )
     return make_moe_config(
         num_experts=moe.num_experts,
         router=make_router_config(
@@ -89,14 +103,7 @@ def _moe(arch: Qwen3Architecture):
             score_func="softmax",
             route_norm=moe.norm_topk_prob,
         ),
-        routed_experts=make_routed_experts_config(
-            dim=arch.hidden_size,
-            hidden_dim=moe.moe_intermediate_size,
-            num_experts=moe.num_experts,
-            top_k=moe.num_experts_per_tok,
-            param_init=experts_init,
-            comm_backend="standard",
-        ),
+        routed_experts=routed_experts,
     )
 
 

@@ -2,30 +2,113 @@
 
 Training runs load through torchtitan's sharded HF reader instead (see ``start.py``);
 this is the single-process path the verify tool compares against transformers.
+Shards are streamed: host memory holds the model plus one shard (plus, for MoE, the
+experts of a layer split across two shards until the layer is complete).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
 
 import torch
 from safetensors import safe_open
 
 from qwen3_titan_common.hf.model_dir import HFModelDir
 
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+# Model state that is computed, not stored in HF checkpoints.
+_NOT_IN_CHECKPOINTS = ("rope", "expert_bias", "tokens_per_expert")
+
+
+def iter_hf_shards(
+    model_dir: HFModelDir, dtype: torch.dtype | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    for path in model_dir.weight_files:
+        with safe_open(str(path), framework="pt") as f:
+            shard = {key: f.get_tensor(key) for key in f.keys()}
+        if dtype is not None:
+            shard = {k: v.to(dtype) for k, v in shard.items()}
+        yield shard
+
 
 def read_hf_state_dict(model_dir: HFModelDir, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
-    for path in model_dir.weight_files:
-        with safe_open(str(path), framework="pt") as f:
-            for key in f.keys():
-                tensor = f.get_tensor(key)
-                state[key] = tensor if dtype is None else tensor.to(dtype)
+    for shard in iter_hf_shards(model_dir, dtype):
+        state.update(shard)
     return state
+
+
+def _layer_of(key: str) -> str | None:
+    match = _LAYER_KEY.match(key)
+    return match.group(1) if match else None
+
+
+class _LayerAssembler:
+    """Holds a decoder layer's tensors until all of them have arrived.
+
+    A layer is converted as a whole: fused q/k/v and stacked experts are built from
+    several checkpoint tensors, which a shard boundary may split.
+    """
+
+    def __init__(self, expected_keys):
+        self.needed: dict[str, int] = {}
+        for key in expected_keys:
+            layer = _layer_of(key)
+            if layer is not None:
+                self.needed[layer] = self.needed.get(layer, 0) + 1
+        self.pending: dict[str, dict[str, torch.Tensor]] = {}
+
+    def add(self, shard: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Return what can be converted now: non-layer tensors and completed layers."""
+        ready = {}
+        for key, tensor in shard.items():
+            layer = _layer_of(key)
+            if layer is None or layer not in self.needed:
+                ready[key] = tensor
+                continue
+            group = self.pending.setdefault(layer, {})
+            group[key] = tensor
+            if len(group) == self.needed[layer]:
+                ready.update(self.pending.pop(layer))
+        return ready
+
+
+def load_hf_into_titan(
+    model, model_config, adapter_cls, model_dir: HFModelDir, dtype: torch.dtype | None
+) -> None:
+    from qwen3_titan_common.hf.expected_keys import expected_hf_shapes
+
+    # Converted piece by piece, so the tie (lm_head filled from the embedding) is the
+    # model's business: it shares one parameter between the two.
+    untied_config = dataclasses.replace(model_config, enable_weight_tying=False)
+    adapter = adapter_cls(untied_config, None)
+    arch = model_dir.architecture
+    expected = set(model.state_dict())
+    loaded: set[str] = set()
+    assembler = _LayerAssembler(expected_hf_shapes(arch))
+    for shard in iter_hf_shards(model_dir, dtype):
+        ready = assembler.add(shard)
+        del shard
+        if not ready:
+            continue
+        titan_state = adapter.from_hf(ready)
+        model.load_state_dict(titan_state, strict=False)
+        loaded.update(titan_state)
+        del ready, titan_state
+    if assembler.pending:
+        layer, group = next(iter(assembler.pending.items()))
+        raise RuntimeError(f"{model_dir.path}: layer {layer} is incomplete ({len(group)} tensors found)")
+    if arch.tie_word_embeddings and "tok_embeddings.weight" in loaded:
+        loaded.add("lm_head.weight")
+    missing = sorted(k for k in expected - loaded if not any(s in k for s in _NOT_IN_CHECKPOINTS))
+    if missing:
+        raise RuntimeError(f"torchtitan model: not loaded from {model_dir.path}: {missing[:8]}")
 
 
 def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32, seq_len: int = 2048):
     """torchtitan's Qwen3 shaped by the directory's config.json, holding its weights."""
-    import dataclasses
-
     from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec
 
     spec = titan_qwen3_model_spec(model_dir.architecture, "verify")
@@ -38,13 +121,6 @@ def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32,
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)
-    adapter = spec.state_dict_adapter(model_config, None)
-    titan_state = adapter.from_hf(read_hf_state_dict(model_dir, dtype))
-    missing, unexpected = model.load_state_dict(titan_state, strict=False)
-    # RoPE caches are buffers computed from the config, not checkpoint tensors.
-    missing = [
-        k for k in missing if "rope" not in k and "expert_bias" not in k and "tokens_per_expert" not in k
-    ]
-    if missing or unexpected:
-        raise RuntimeError(f"torchtitan model: missing {missing}, unexpected {unexpected}")
-    return model.to(dtype).eval()
+    model.to(dtype)
+    load_hf_into_titan(model, model_config, spec.state_dict_adapter, model_dir, dtype)
+    return model.eval()

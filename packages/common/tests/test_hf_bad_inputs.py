@@ -1,0 +1,151 @@
+"""Broken model directories: one clear line, a non-zero exit, nothing trained or written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from qwen3_titan_common.architecture import ArchitectureError
+from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.hf.start import open_checked_model_dir
+from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from safetensors.torch import load_file, save_file
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    return make_tiny_checkpoint(tmp_path / "ckpt", max_shard_size="60KB")
+
+
+@pytest.fixture
+def single(tmp_path):
+    return make_tiny_checkpoint(tmp_path / "single")
+
+
+def _fails(path, error_type, *fragments):
+    with pytest.raises(error_type) as info:
+        open_checked_model_dir(str(path))
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+def test_missing_config_json(single):
+    (single / "config.json").unlink()
+    _fails(single, ArchitectureError, "config.json: not found")
+
+
+def test_index_naming_a_missing_shard(sharded):
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    second = sorted(set(index["weight_map"].values()))[1]
+    (sharded / second).unlink()
+    _fails(sharded, CheckpointError, "model.safetensors.index.json", second, "missing")
+
+
+def test_truncated_safetensors(single):
+    weights = single / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    _fails(single, CheckpointError, "model.safetensors", "truncated")
+
+
+def test_corrupt_safetensors_header(single):
+    weights = single / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:16] = b"garbage!"
+    weights.write_bytes(bytes(data))
+    _fails(single, CheckpointError, "model.safetensors", "corrupt")
+
+
+def test_shape_mismatch_names_key_and_both_shapes(single):
+    tensors = load_file(single / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(100, 64)
+    save_file(tensors, single / "model.safetensors", metadata={"format": "pt"})
+    _fails(single, CheckpointError, "model.layers.1.mlp.up_proj.weight (expected [128, 64], found [100, 64])")
+
+
+def test_missing_and_unexpected_keys_reported_together(single):
+    tensors = load_file(single / "model.safetensors")
+    del tensors["model.layers.0.self_attn.k_norm.weight"]
+    tensors["model.layers.0.self_attn.extra.weight"] = torch.zeros(2)
+    save_file(tensors, single / "model.safetensors", metadata={"format": "pt"})
+    message = _fails(single, CheckpointError, "missing 1: model.layers.0.self_attn.k_norm.weight")
+    assert "unexpected 1: model.layers.0.self_attn.extra.weight" in message
+
+
+def test_untied_checkpoint_without_lm_head_is_refused(tmp_path):
+    path = make_tiny_checkpoint(tmp_path / "untied", tied=False)
+    tensors = load_file(path / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    _fails(path, CheckpointError, "missing 1: lm_head.weight")
+
+
+def test_tied_checkpoint_may_omit_lm_head(single):
+    model_dir = open_checked_model_dir(str(single))
+    assert "lm_head.weight" not in model_dir.tensors and model_dir.architecture.tie_word_embeddings
+
+
+def test_pickle_weights_are_refused_without_unpickling(single, monkeypatch):
+    (single / "model.safetensors").unlink()
+    torch.save({"x": torch.zeros(1)}, single / "pytorch_model.bin")
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("torch.load was called")
+
+    monkeypatch.setattr(torch, "load", tripwire)
+    _fails(single, CheckpointError, "pytorch_model.bin", "never loaded", "save_pretrained")
+
+
+def test_remote_path_is_refused_with_a_download_hint():
+    _fails("s3://bucket/Qwen3-4B", CheckpointError, "s3://bucket/Qwen3-4B", "hf download")
+
+
+def test_relative_path_is_resolved(single, monkeypatch):
+    monkeypatch.chdir(single.parent)
+    assert open_checked_model_dir(single.name).path == single.resolve()
+
+
+def test_missing_recipe_directory_says_how_to_download(tmp_path):
+    with pytest.raises(CheckpointError, match="hf download Qwen/Qwen3-4B-Instruct-2507"):
+        from qwen3_titan_common.hf.start import plan_start
+
+        plan_start(
+            model_dir=str(tmp_path / "assets/hf/Qwen3-4B-Instruct-2507"),
+            checkpoint_folder=tmp_path / "none",
+            checkpoint_enabled=True,
+            download_hint="hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir assets/hf/Qwen3-4B-Instruct-2507",
+        )
+
+
+@pytest.mark.parametrize("breakage", ["no_config", "truncated"])
+def test_launcher_fails_in_one_line_and_writes_nothing(tmp_path, single, breakage):
+    if breakage == "no_config":
+        (single / "config.json").unlink()
+    else:
+        weights = single / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    dump = tmp_path / "out"
+    train = str(Path(sys.executable).with_name("train"))
+    proc = subprocess.run(
+        [train, "--hf-model", str(single), "--dump_folder", str(dump)],
+        capture_output=True, text=True, env={**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train: ") and str(single) in last
+    assert not dump.exists()
+
+
+def test_index_pointing_at_the_wrong_shard(sharded):
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    key = next(k for k, v in index["weight_map"].items() if v == shards[-1])
+    index["weight_map"][key] = shards[0]
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    _fails(sharded, CheckpointError, f"says '{key}' is in {shards[0]}, which does not hold it")
