@@ -1,0 +1,102 @@
+"""Published-style weights in, training, a directory transformers loads out."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from qwen3_titan_common.hf.model_dir import open_model_dir
+from qwen3_titan_common.hf.titan_load import build_titan_qwen3
+from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_common.train_log import parse_step_lines
+from transformers import AutoModelForCausalLM
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+# fp32 compute end to end, so losses compare at fp32 precision.
+EXACT = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
+
+
+def _train(*args, cwd):
+    proc = subprocess.run([TRAIN, *args], cwd=cwd, env=CPU_ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _logits_diff(path: Path) -> float:
+    model_dir = open_model_dir(path)
+    titan = build_titan_qwen3(model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokens = torch.randint(
+        0, model_dir.architecture.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        return (titan(tokens) - reference(tokens).logits).abs().max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_train_20_steps_from_checkpoint_then_transformers_loads_the_export(tmp_path, tied):
+    source = make_tiny_checkpoint(tmp_path / "source", tied=tied, max_shard_size="60KB")
+    log = _train(
+        "--hf-model", str(source), "--training.steps", "20", "--training.seq_len", "128",
+        "--hf.max_shard_size", "100KB", "--dump_folder", str(tmp_path / "out"), *EXACT, cwd=tmp_path,
+    )  # fmt: skip
+    assert f"[start] loading Hugging Face weights from {source}" in log
+    assert len(parse_step_lines(log)) == 20
+    export = tmp_path / "out" / "hf" / "step-20"
+    assert (export / "model.safetensors.index.json").is_file() and (export / "tokenizer.json").is_file()
+    config = json.loads((export / "config.json").read_text())
+    source_config = json.loads((source / "config.json").read_text())
+    changed = {k for k in config.keys() | source_config.keys() if config.get(k) != source_config.get(k)}
+    assert changed <= {"dtype", "torch_dtype"}
+    model, info = AutoModelForCausalLM.from_pretrained(export, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    weight_map = json.loads((export / "model.safetensors.index.json").read_text())["weight_map"]
+    assert ("lm_head.weight" in weight_map) == (not tied)
+    # Training moved the weights, and both implementations read the same new ones.
+    assert not torch.equal(
+        model.model.norm.weight, AutoModelForCausalLM.from_pretrained(source).model.norm.weight
+    )
+    assert _logits_diff(export) <= 1e-4
+
+
+def _first_batch_loss(export: Path, tmp_path: Path) -> float:
+    """transformers' loss on the first batch the debug config's dataloader produces."""
+    from qwen3_titan_native.config_registry import debug
+
+    config = debug()
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    loader = config.dataloader.build(
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=config.training.seq_len,
+        local_batch_size=config.training.local_batch_size,
+    )  # fmt: skip
+    inputs, labels = next(iter(loader))
+    model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(inputs["input"]).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
+
+
+@pytest.mark.slow
+def test_loss_continues_across_export_and_reload(tmp_path):
+    """The recipe's check: a trained model, exported and reloaded, starts where it ended."""
+    first = _train("--training.steps", "40", "--dump_folder", str(tmp_path / "a"), *EXACT, cwd=tmp_path)
+    trained = parse_step_lines(first)
+    export = tmp_path / "a" / "hf" / "step-40"
+    random_start = trained[0].loss
+    second = _train(
+        "--hf-model", str(export), "--training.steps", "1", "--dump_folder", str(tmp_path / "b"), *EXACT,
+        cwd=tmp_path,
+    )  # fmt: skip
+    reloaded_first_step = parse_step_lines(second)[0].loss
+    reference = _first_batch_loss(export, tmp_path)
+    print(f"first-step loss: random init {random_start:.2f}, reloaded {reloaded_first_step:.2f} "
+          f"(ln(vocab) = {math.log(4096):.2f}); exported model on that batch: {reference:.4f}")  # fmt: skip
+    assert abs(random_start - math.log(4096)) < 0.5
+    assert reloaded_first_step < random_start - 1.5
+    assert abs(reloaded_first_step - reference) <= 1e-3
