@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, INDEX_FILE, SINGLE_FILE, TOKENIZER_FILES
+from qwen3_titan_common.hf.safetensors_writer import write_safetensors
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
@@ -99,7 +99,7 @@ class _ShardWriter:
         if not self.pending:
             return
         path = self.tmp_dir / f"shard-{len(self.files):05d}.partial"
-        save_file(self.pending, str(path), metadata={"format": "pt"})
+        write_safetensors(path, self.pending, metadata={"format": "pt"})
         self.files.append((path, list(self.pending)))
         self.pending, self.pending_bytes = {}, 0
 
@@ -158,8 +158,10 @@ def export_hf_dir(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if expected_bytes is not None:
         check_free_space(out_dir.parent, expected_bytes, "export")
+    # Leftovers of exports to the same place that were killed: never complete, never read.
+    for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp_dir = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir()
     try:
         writer = _ShardWriter(tmp_dir, spec.dtype, spec.max_shard_bytes)

@@ -94,13 +94,16 @@ def load_hf_into_titan(
         if not ready:
             continue
         titan_state = adapter.from_hf(ready)
-        model.load_state_dict(titan_state, strict=False)
+        # assign: the loaded tensors become the parameters, so no second copy is made.
+        model.load_state_dict(titan_state, strict=False, assign=True)
         loaded.update(titan_state)
         del ready, titan_state
     if assembler.pending:
         layer, group = next(iter(assembler.pending.items()))
         raise RuntimeError(f"{model_dir.path}: layer {layer} is incomplete ({len(group)} tensors found)")
     if arch.tie_word_embeddings and "tok_embeddings.weight" in loaded:
+        # Assignment replaced one side of the tie; point lm_head back at the embedding.
+        model.lm_head.weight = model.tok_embeddings.weight
         loaded.add("lm_head.weight")
     missing = sorted(k for k in expected - loaded if not any(s in k for s in _NOT_IN_CHECKPOINTS))
     if missing:
@@ -118,9 +121,12 @@ def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32,
         layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=seq_len)
     with torch.device("meta"):
         model = model_config.build()
+    # Parameters get storage they never touch (so it is never resident) and are then
+    # replaced by the checkpoint's tensors; only computed buffers (RoPE caches) are
+    # initialised here, which skips a random init of the whole model.
     model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    model.to(dtype)
+    for module in model.modules():
+        if hasattr(module, "_init_self_buffers"):
+            module._init_self_buffers(buffer_device=None)
     load_hf_into_titan(model, model_config, spec.state_dict_adapter, model_dir, dtype)
     return model.eval()
