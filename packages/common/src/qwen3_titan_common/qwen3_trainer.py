@@ -76,10 +76,24 @@ class Qwen3Trainer(Trainer):
         self._export_dtype = _export_dtype(config, self._start)
         self._max_shard_bytes = parse_size(config.hf.max_shard_size)
         super().__init__(config)
+        self._use_flops_convention(config)
         if config.hf.export and len(self.model_parts) != 1:
             raise CheckpointError(
                 "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
             )
+
+    def _use_flops_convention(self, config: Config) -> None:
+        """Replace torchtitan's per-model FLOPs count with the shared one (perf/flops.py)."""
+        from qwen3_titan_common.perf.flops import flops_breakdown
+
+        causal = bool(getattr(config.metrics, "flops_causal_halving", False))
+        breakdown = flops_breakdown(config.architecture, config.training.seq_len, causal=causal)
+        self.metrics_processor.num_flops_per_token = breakdown.per_token
+        logger.info(
+            f"[metrics] {breakdown.per_token / 1e9:.3f} GFLOP per token: 6 x {breakdown.matmul_params:,} "
+            f"matmul parameters + {breakdown.attention_flops:,} attention "
+            f"({'causal-halved' if causal else 'not halved'}); {breakdown.total_params:,} parameters in all"
+        )
 
     def train_step(self, data_iterator) -> None:
         super().train_step(data_iterator)

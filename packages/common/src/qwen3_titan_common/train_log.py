@@ -1,4 +1,4 @@
-"""Reads torchtitan's per-step log lines back into numbers (tests, benchmarks)."""
+"""Reads the per-step log lines back into numbers (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -6,31 +6,44 @@ import re
 from dataclasses import dataclass
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(
-    r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>[-+0-9.eE]+|nan|inf).*?"
-    r"memory:\s*(?P<mem>[0-9.]+)GiB.*?tps:\s*(?P<tps>[0-9,]+)"
-)
+_STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+_FIELD = {
+    "tps": re.compile(r"tps:\s*([0-9,]+)"),
+    "tflops": re.compile(r"tflops:\s*([0-9,.]+)"),
+    "memory": re.compile(r"memory:\s*([0-9.]+)GiB"),
+    "mfu": re.compile(r"mfu:\s*([0-9.]+)%"),
+}
 
 
 @dataclass(frozen=True)
 class StepLine:
     step: int
     loss: float
-    memory_gib: float
     tokens_per_second: int
+    memory_gib: float | None
+    tflops: float | None = None
+    mfu_percent: float | None = None
+
+
+def _field(name: str, line: str) -> float | None:
+    match = _FIELD[name].search(line)
+    return float(match.group(1).replace(",", "")) if match else None
 
 
 def parse_step_lines(log: str) -> list[StepLine]:
     steps = []
     for line in _ANSI.sub("", log).splitlines():
         match = _STEP.search(line)
-        if match:
+        tps = _field("tps", line)
+        if match and tps is not None:
             steps.append(
                 StepLine(
-                    step=int(match["step"]),
-                    loss=float(match["loss"]),
-                    memory_gib=float(match["mem"]),
-                    tokens_per_second=int(match["tps"].replace(",", "")),
+                    step=int(match.group(1)),
+                    loss=float(match.group(2)),
+                    tokens_per_second=int(tps),
+                    memory_gib=_field("memory", line),
+                    tflops=_field("tflops", line),
+                    mfu_percent=_field("mfu", line),
                 )
             )
     return steps
