@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 TRAIN = str(Path(sys.executable).with_name("train"))
-ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
 QUIET = ["--checkpoint.no-enable", "--hf.no-export"]
 
 

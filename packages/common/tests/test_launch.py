@@ -98,3 +98,65 @@ def test_print_cmd_shows_neuron_env_prefix():
 
     plan = LaunchPlan("m", "c", 64, 1, 0, "localhost:0", [], env_updates={"NEURON_LOGICAL_NC_CONFIG": "2"})
     assert plan.shell_line().startswith("NEURON_LOGICAL_NC_CONFIG=2 torchrun --nproc_per_node=64 ")
+
+
+# -- the shared `train` script: which backend --------------------------------------
+
+BACKENDS = {
+    "hf-v5-backend": Backend("hf-v5-backend", "qwen3_titan_hf_v5"),
+    "native-backend": NATIVE,
+}
+
+
+def test_backend_env_variable_wins(monkeypatch):
+    from qwen3_titan_common.launch import choose_backend
+
+    monkeypatch.setenv("QWEN3_TITAN_BACKEND", "hf-v5-backend")
+    assert choose_backend(BACKENDS, ["--module", "qwen3_titan_native"])[0].distribution == "hf-v5-backend"
+
+
+def test_unknown_backend_env_variable_is_named(monkeypatch):
+    from qwen3_titan_common.launch import choose_backend
+
+    monkeypatch.setenv("QWEN3_TITAN_BACKEND", "tpu-backend")
+    backend, why = choose_backend(BACKENDS, [])
+    assert backend is None and "QWEN3_TITAN_BACKEND=tpu-backend" in why and "hf-v5-backend, native-backend" in why
+
+
+def test_module_flag_selects_its_backend(monkeypatch):
+    from qwen3_titan_common.launch import choose_backend
+
+    monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
+    assert choose_backend(BACKENDS, ["--module=qwen3_titan_hf_v5"])[0].distribution == "hf-v5-backend"
+
+
+def test_several_backends_and_no_choice_is_an_error_that_says_how(monkeypatch):
+    from qwen3_titan_common.launch import choose_backend
+
+    monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
+    backend, why = choose_backend(BACKENDS, ["--training.steps", "3"])
+    assert backend is None and "uv run --package NAME train" in why
+
+
+def test_a_single_installed_backend_needs_no_choice(monkeypatch):
+    from qwen3_titan_common.launch import choose_backend
+
+    monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
+    assert choose_backend({"native-backend": NATIVE}, [])[0] is NATIVE
+
+
+def test_uv_run_package_is_read_from_the_parent_process(tmp_path):
+    # A real parent named `uv` running `run --package hf-v5-backend ...`: a tiny shell script.
+    import os
+    import subprocess
+    import sys
+
+    fake_uv = tmp_path / "uv"
+    fake_uv.write_text('#!/bin/sh\n"$PYTHON" -c "$CODE"\n')
+    fake_uv.chmod(0o755)
+    code = "from qwen3_titan_common.launch import _uv_parent_package as f; print(f())"
+    env = {**os.environ, "PYTHON": sys.executable, "CODE": code}
+    out = subprocess.run(
+        [str(fake_uv), "run", "--package", "hf-v5-backend", "train"], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "hf-v5-backend"

@@ -10,7 +10,7 @@ TRAIN = str(Path(sys.executable).with_name("train"))
 
 
 def _dry_run(*args):
-    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
     return subprocess.run([TRAIN, "--dry-run", *args], env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -16,7 +16,7 @@ from qwen3_titan_common.train_log import parse_step_lines
 from transformers import AutoModelForCausalLM
 
 TRAIN = str(Path(sys.executable).with_name("train"))
-CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
 # fp32 compute end to end, so losses compare at fp32 precision.
 EXACT = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
 

@@ -10,7 +10,7 @@ import pytest
 from qwen3_titan_common.train_log import parse_step_lines
 
 TRAIN = str(Path(sys.executable).with_name("train"))
-CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
 DETERMINISTIC = ["--debug.seed", "0", "--debug.deterministic"]
 
 
@@ -36,8 +36,11 @@ def test_default_config_trains_logs_and_checkpoints(tmp_path):
 @pytest.mark.slow
 def test_printed_command_gives_the_same_run_as_train(tmp_path):
     common = ["--training.steps", "4", "--checkpoint.no-enable", *DETERMINISTIC]
-    printed = _train(["--print-cmd", *common, "--dump_folder", str(tmp_path / "b")], cwd=tmp_path)
-    command = shlex.split(printed.strip().splitlines()[-1])
+    printed = subprocess.run(
+        [TRAIN, "--print-cmd", *common, "--dump_folder", str(tmp_path / "b")],
+        cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    command = shlex.split(printed.strip())
     assert command[0] == "torchrun"
     env = {**CPU_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{CPU_ENV['PATH']}"}
     by_hand = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

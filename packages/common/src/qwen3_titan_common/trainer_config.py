@@ -12,16 +12,15 @@ from pathlib import Path
 
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 from torchtitan.config import TrainingConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
-from torchtitan.hf_datasets.text_datasets import HuggingFaceTextDataLoader
 
 from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.data import TextChatDataLoader
+from qwen3_titan_common.perf.metrics import Qwen3Metrics
 from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
-from qwen3_titan_common.titan_dataset import register_default_dataset
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,6 @@ def build_trainer_config(
     hf: HFCheckpointConfig | None = None,
 ) -> Qwen3Trainer.Config:
     """``hf.model_dir``, when set, replaces ``arch`` with the directory's own at Trainer start."""
-    dataset = register_default_dataset()
     vocab_size = arch.vocab_size
     return Qwen3Trainer.Config(
         model_spec=model_spec_builder(arch, flavor),
@@ -60,10 +58,10 @@ def build_trainer_config(
         hf=hf or HFCheckpointConfig(),
         hf_assets_path=str(assets_path),
         dump_folder=shape.dump_folder,
-        metrics=MetricsProcessor.Config(log_freq=shape.log_freq),
+        metrics=Qwen3Metrics.Config(log_freq=shape.log_freq),
         # Plain cross-entropy: the same loss for every backend, so losses compare.
         loss=CrossEntropyLoss.Config(global_vocab_size=vocab_size),
-        dataloader=HuggingFaceTextDataLoader.Config(dataset=dataset),
+        dataloader=TextChatDataLoader.Config(),
         optimizer=default_adamw(lr=shape.lr),
         lr_scheduler=LRSchedulersContainer.Config(
             warmup_steps=shape.warmup_steps,

@@ -5,14 +5,11 @@ Made by ``tools/make_embedded_assets.py``; provenance in ``default/PROVENANCE.md
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
 from qwen3_titan_common.architecture import Qwen3Architecture, read_architecture
-
-DEFAULT_DATASET_NAME = "qwen3_titan_default"
 
 
 def default_assets_dir() -> Path:
@@ -34,8 +31,3 @@ def default_model_dir() -> Path:
 @cache
 def default_architecture() -> Qwen3Architecture:
     return read_architecture(default_model_dir())
-
-
-def read_text_jsonl(path: Path) -> list[dict[str, str]]:
-    with open(path, encoding="utf-8") as f:
-        return [{"text": json.loads(line)["text"]} for line in f if line.strip()]

@@ -1,0 +1,228 @@
+"""The stream of fixed-shape samples one data-parallel rank trains on, resumable from a checkpoint.
+
+Order: epoch ``e`` visits all records in one permutation drawn from ``(seed, e)`` (or file
+order without shuffling). Sharding: dp rank ``r`` of ``n`` takes every ``n``-th record of that
+permutation starting at ``r`` (its share), so ranks never share a record and together cover the
+epoch; dataloader workers of one rank split its share the same way.
+
+Position: the number of records of the share already read, saved with the packed tokens not yet
+emitted, so a resumed run continues with the very next sample. An epoch ends with ``epoch += 1``
+and a new order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.utils.data import IterableDataset, get_worker_info
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_common.data.chat import ChatTokenizer
+from qwen3_titan_common.data.packing import TokenPacker, chat_row, positions_restarting_after_eos
+from qwen3_titan_common.data.records import (
+    BadRecordError,
+    InvalidRecord,
+    RecordFormat,
+    SkippedRecords,
+    messages_of,
+    text_of,
+)
+from qwen3_titan_common.data.sources import DatasetError, RawRecord, RecordSource
+from qwen3_titan_common.data.tokens import DocumentTokenizer
+
+Sample = tuple[dict[str, torch.Tensor], torch.Tensor]
+# Records read and tokenized together: enough for the tokenizer's batch encoding to pay off,
+# few enough that a resumed run re-reads little (read-ahead is not part of the saved position).
+READ_AHEAD = 64
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    record_format: RecordFormat
+    seq_len: int
+    text_field: str = "text"
+    messages_field: str = "messages"
+    shuffle: bool = True
+    seed: int = 0
+    infinite: bool = True
+    on_bad_record: Literal["stop", "skip"] = "stop"
+    per_document_positions: bool = False
+
+
+class RecordStreamDataset(IterableDataset, Stateful):
+    def __init__(
+        self,
+        source: RecordSource,
+        tokens: DocumentTokenizer,
+        settings: StreamSettings,
+        *,
+        dp_rank: int,
+        dp_world_size: int,
+    ):
+        if len(source) < dp_world_size:
+            raise DatasetError(
+                f"--dataloader.dataset '{source.name}': {len(source)} record(s) cannot be shared by "
+                f"{dp_world_size} data-parallel ranks; every rank needs at least one"
+            )
+        self.source = source
+        self.tokens = tokens
+        self.settings = settings
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.chat = ChatTokenizer(tokens) if settings.record_format == "chat" else None
+        self.epoch = 0
+        self.next_record = 0  # records of this rank's (or worker's) share of the epoch already read
+        self.packer = TokenPacker(settings.seq_len)
+        self.skipped = SkippedRecords()
+
+    # -- order and sharding ------------------------------------------------------------------
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        if not self.settings.shuffle:
+            return np.arange(len(self.source))
+        return np.random.default_rng([self.settings.seed, epoch]).permutation(len(self.source))
+
+    def share(self, epoch: int) -> np.ndarray:
+        """This rank's records of the epoch, in order; in a dataloader worker, this worker's part of them."""
+        share = self.epoch_order(epoch)[self.dp_rank :: self.dp_world_size]
+        worker = get_worker_info()
+        if worker is not None:
+            share = share[worker.id :: worker.num_workers]
+        return share
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __iter__(self):
+        if not len(self.share(self.epoch)):  # only a worker can be left without (checked per rank above)
+            raise DatasetError(
+                f"--dataloader.dataset '{self.source.name}': {len(self.source)} record(s) leave some dataloader "
+                f"workers of dp rank {self.dp_rank} without any; use fewer --dataloader.num_workers"
+            )
+        while True:
+            yield from self._full_rows()
+            whole_pass = self.next_record == 0
+            if whole_pass:
+                self.skipped = SkippedRecords()
+            produced = yield from self._rest_of_epoch(self.share(self.epoch))
+            where = f"in epoch {self.epoch} on dp rank {self.dp_rank}"
+            if self.skipped.count:
+                logger.warning(self.skipped.summary(where))
+            if whole_pass and not produced:
+                raise DatasetError(
+                    f"--dataloader.dataset '{self.source.name}': no usable record {where} "
+                    f"({self.skipped.count} skipped as bad)"
+                )
+            if not self.settings.infinite:
+                last = self.packer.last_row(self.tokens.eos_id)
+                if last is not None:
+                    yield self._sample(*last)
+            self.epoch += 1
+            self.next_record = 0
+            if not self.settings.infinite:
+                return  # iterating the loader again gives the next epoch
+            logger.info(
+                f"data: dp rank {self.dp_rank} starts epoch {self.epoch} of {self.source.name} (new order)"
+            )
+
+    def _rest_of_epoch(self, share: np.ndarray):
+        """Yields samples until the share is used up; returns whether any record was usable."""
+        produced = False
+        while self.next_record < len(share):
+            chunk = share[self.next_record : self.next_record + READ_AHEAD].tolist()
+            records = self.source.read(chunk)
+            if self.chat is None:
+                for record, document in zip(records, self._tokenize_texts(records), strict=True):
+                    # Counted before its rows are yielded: the saved position then covers every
+                    # record whose tokens are already in the packer (and in the saved state).
+                    self.next_record += 1
+                    if isinstance(document, InvalidRecord):
+                        self._bad(record, document)
+                    else:
+                        produced = True
+                        self.packer.add(document)
+                        yield from self._full_rows()
+            else:
+                for record in records:
+                    row = self._chat_row(record)
+                    self.next_record += 1
+                    if row is not None:
+                        produced = True
+                        yield self._sample(*row)
+        return produced
+
+    def _full_rows(self):
+        while (row := self.packer.next_row()) is not None:
+            yield self._sample(*row)
+
+    def _tokenize_texts(self, records: list[RawRecord]) -> list[list[int] | InvalidRecord]:
+        """Token ids of each record, or why it is bad; all texts of the chunk encoded in one call."""
+        texts: list[str | InvalidRecord] = []
+        for record in records:
+            try:
+                texts.append(text_of(self._readable(record), self.settings.text_field))
+            except InvalidRecord as e:
+                texts.append(e)
+        encoded = iter(self.tokens.documents([t for t in texts if isinstance(t, str)]))
+        return [next(encoded) if isinstance(t, str) else t for t in texts]
+
+    def _chat_row(self, record: RawRecord) -> tuple[np.ndarray, np.ndarray] | None:
+        assert self.chat is not None
+        try:
+            messages = messages_of(self._readable(record), self.settings.messages_field)
+            return chat_row(self.chat.tokenize(messages), self.settings.seq_len, self.tokens.eos_id)
+        except InvalidRecord as e:
+            self._bad(record, e)
+            return None
+
+    @staticmethod
+    def _readable(record: RawRecord) -> Any:
+        if record.error is not None:
+            raise InvalidRecord(record.error)
+        return record.value
+
+    def _bad(self, record: RawRecord, reason: InvalidRecord) -> None:
+        line = f"{record.location}: {reason}"
+        if self.settings.on_bad_record == "stop":
+            raise BadRecordError(
+                f"{line} (fix it, or pass --dataloader.on_bad_record skip to train without it)"
+            )
+        self.skipped.add(line)
+
+    def _sample(self, inputs: np.ndarray, labels: np.ndarray) -> Sample:
+        input_dict = {"input": torch.from_numpy(inputs)}
+        if self.settings.per_document_positions:
+            positions = positions_restarting_after_eos(inputs, self.tokens.eos_id)
+            input_dict["positions"] = torch.from_numpy(positions)
+        return input_dict, torch.from_numpy(labels)
+
+    # -- checkpointing -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "next_record": self.next_record,
+            "packer": self.packer.state_dict(),
+            "skipped": self.skipped.state_dict(),
+            # Checked on load: a position only means something in the same data and order.
+            "records": len(self.source),
+            "format": self.settings.record_format,
+            "order": f"seed {self.settings.seed}" if self.settings.shuffle else "file order",
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = (state_dict["records"], state_dict["format"], state_dict["order"])
+        now = self.state_dict()
+        if saved != (now["records"], now["format"], now["order"]):
+            raise DatasetError(
+                f"the checkpoint's data position is for {saved[0]} {saved[1]} records in {saved[2]}, but "
+                f"--dataloader.dataset '{self.source.name}' gives {now['records']} {now['format']} records in "
+                f"{now['order']}; resume with the same data and settings, or use a new --dump_folder"
+            )
+        self.epoch = int(state_dict["epoch"])
+        self.next_record = int(state_dict["next_record"])
+        self.packer.load_state_dict(state_dict["packer"])
+        self.skipped = SkippedRecords.from_state(state_dict["skipped"])

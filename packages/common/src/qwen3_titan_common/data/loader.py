@@ -1,0 +1,163 @@
+"""The torchtitan dataloader for the user's own text and chat data: ``--dataloader.dataset PATH``.
+
+Composed into ``Trainer.Config.dataloader`` by ``build_trainer_config``; the Trainer calls
+``config.dataloader.build(dp_world_size=..., dp_rank=..., tokenizer=..., seq_len=...,
+local_batch_size=...)`` and gets batches ``({"input": (B, L)}, labels (B, L))``. See docs/data.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from torchtitan.components.dataloader import ParallelAwareDataloader
+from torchtitan.components.tokenizer import BaseTokenizer
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_common.data.dataset import READ_AHEAD, RecordStreamDataset, StreamSettings
+from qwen3_titan_common.data.records import detect_format
+from qwen3_titan_common.data.sources import (
+    DEFAULT_DATASET,
+    DatasetError,
+    ResolvedDataset,
+    open_source,
+    resolve_dataset,
+)
+from qwen3_titan_common.data.tokens import DocumentTokenizer
+
+
+class TextChatDataLoader(ParallelAwareDataloader):
+    """Plain text (packed) or chat (assistant tokens trained) from local files, sharded and resumable."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ParallelAwareDataloader.Config):
+        dataset: str = DEFAULT_DATASET
+        """A .jsonl/.json (JSON Lines) or .parquet file, a directory of them, a datasets.save_to_disk
+        directory, or 'default' (the embedded corpus). A Hub dataset id needs --dataloader.allow_network."""
+
+        format: Literal["auto", "text", "chat"] = "auto"
+        """'text': records hold text_field; 'chat': records hold messages_field; 'auto': the first record decides."""
+
+        text_field: str = "text"
+        """Field of a plain-text record holding its text."""
+
+        messages_field: str = "messages"
+        """Field of a chat record holding its list of {role, content} messages."""
+
+        split: str = "train"
+        """Split read from a save_to_disk DatasetDict, a Hub dataset, or a directory whose file names name splits."""
+
+        shuffle: bool = True
+        """Visit records in a new seeded order each epoch (otherwise in file order)."""
+
+        seed: int = 0
+        """Seed of the per-epoch order; epoch e uses the permutation drawn from (seed, e)."""
+
+        infinite: bool = True
+        """Start a new epoch when the data runs out (otherwise training stops there)."""
+
+        on_bad_record: Literal["stop", "skip"] = "stop"
+        """'stop': a bad record stops training with one line naming it; 'skip': train on, and log how many
+        were skipped at the end of each pass."""
+
+        allow_network: bool = False
+        """Let a dataset that is not a local path be downloaded from the Hugging Face Hub."""
+
+        per_document_positions: bool = False
+        """Also emit positions that restart after each EOS, for Flex/varlen attention to mask across documents
+        (SDPA, which our backends use, ignores document boundaries; positions then only change RoPE)."""
+
+        def __post_init__(self) -> None:
+            if self.dataset_path is not None:
+                raise DatasetError(
+                    "--dataloader.dataset_path is not read by this dataloader; pass the path as --dataloader.dataset"
+                )
+            # Fails here, when the config is built from the command line, rather than after the model is.
+            resolve_dataset(self.dataset, split=self.split, allow_network=self.allow_network)
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: BaseTokenizer,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = 1,
+        **kwargs,
+    ):
+        dataset = build_record_stream(
+            config, tokenizer=tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
+        )
+        super().__init__(
+            dataset,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            batch_size=local_batch_size,
+            # Every batch exactly (local_batch_size, seq_len), the last one of a finite run included.
+            drop_last=True,
+            num_workers=config.num_workers,
+            persistent_workers=config.persistent_workers,
+            pin_memory=config.pin_memory,
+            prefetch_factor=config.prefetch_factor,
+            snapshot_every_n_steps=snapshot_every_n_steps,
+        )
+
+
+def build_record_stream(
+    config: TextChatDataLoader.Config,
+    *,
+    tokenizer: BaseTokenizer,
+    seq_len: int,
+    dp_rank: int,
+    dp_world_size: int,
+) -> RecordStreamDataset:
+    resolved = resolve_dataset(config.dataset, split=config.split, allow_network=config.allow_network)
+    if resolved.note:
+        logger.info(f"data: {resolved.spec}: {resolved.note}")
+    wanted = {"text": [config.text_field], "chat": [config.messages_field]}.get(
+        config.format, [config.messages_field, config.text_field]
+    )
+    source = open_source(resolved, wanted, config.split)
+    if not len(source):
+        raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
+    record_format = config.format
+    if record_format == "auto":
+        first = source.read(list(range(min(READ_AHEAD, len(source)))))
+        record_format = detect_format(
+            first, text_field=config.text_field, messages_field=config.messages_field, dataset=config.dataset
+        )
+    settings = StreamSettings(
+        record_format=record_format,
+        seq_len=seq_len,
+        text_field=config.text_field,
+        messages_field=config.messages_field,
+        shuffle=config.shuffle,
+        seed=config.seed,
+        infinite=config.infinite,
+        on_bad_record=config.on_bad_record,
+        per_document_positions=config.per_document_positions,
+    )
+    dataset = RecordStreamDataset(
+        source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size
+    )
+    logger.info(_summary(resolved, len(source), settings, dp_rank, dp_world_size, config.format))
+    return dataset
+
+
+def _summary(
+    resolved: ResolvedDataset, records: int, settings: StreamSettings, rank: int, world: int, asked: str
+) -> str:
+    chosen = f"{settings.record_format} (detected)" if asked == "auto" else settings.record_format
+    shape = (
+        "one conversation per row, padded/truncated, loss on assistant tokens"
+        if settings.record_format == "chat"
+        else "documents packed with EOS between them"
+    )
+    order = f"shuffled per epoch (seed {settings.seed})" if settings.shuffle else "file order"
+    name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
+    return (
+        f"data: {name} ({resolved.describe()}, {records:,} records, {chosen}); rows of {settings.seq_len} tokens, "
+        f"{shape}; {order}; split across {world} dp rank(s) without overlap, this is rank {rank}"
+    )

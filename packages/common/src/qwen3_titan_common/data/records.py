@@ -1,0 +1,127 @@
+"""What a record must look like, and what happens to one that does not.
+
+Two shapes: plain text (``{"text": "..."}``) and chat (``{"messages": [{"role": ..., "content": ...}]}``).
+A record that cannot be trained on becomes one line naming where it is and what was expected,
+e.g. ``data/train.jsonl:17: field 'text' missing (expected a string)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from qwen3_titan_common.data.sources import DatasetError, RawRecord
+
+RecordFormat = Literal["text", "chat"]
+MAX_LISTED_LOCATIONS = 5
+
+
+class InvalidRecord(Exception):
+    """Why one record cannot be trained on; the caller adds where it is."""
+
+
+class BadRecordError(ValueError):
+    """Raised with ``on_bad_record="stop"``: one line, the record's location first."""
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"a {type(value).__name__}"
+
+
+def _field(record: Any, name: str, expected: str, owner: str | None = None) -> Any:
+    """``record[name]``; ``owner`` names a nested object in the message, e.g. ``messages[1]``."""
+    if not isinstance(record, dict):
+        raise InvalidRecord(
+            f"{owner or 'record'} is {_kind(record)} (expected an object with field '{name}')"
+        )
+    if name not in record:
+        prefix = f"{owner}: " if owner else ""
+        raise InvalidRecord(f"{prefix}field '{name}' missing (expected {expected})")
+    return record[name]
+
+
+def text_of(record: Any, text_field: str) -> str:
+    text = _field(record, text_field, "a string")
+    if not isinstance(text, str):
+        raise InvalidRecord(f"field '{text_field}' is {_kind(text)} (expected a string)")
+    if not text.strip():
+        raise InvalidRecord(f"field '{text_field}' is empty (expected some text)")
+    return text
+
+
+def messages_of(record: Any, messages_field: str) -> list[dict[str, Any]]:
+    expected = "a list of {role, content} objects"
+    messages = _field(record, messages_field, expected)
+    if not isinstance(messages, list | tuple):
+        raise InvalidRecord(f"field '{messages_field}' is {_kind(messages)} (expected {expected})")
+    if not messages:
+        raise InvalidRecord(f"field '{messages_field}' is empty (expected {expected})")
+    for i, message in enumerate(messages):
+        where = f"{messages_field}[{i}]"
+        for key in ("role", "content"):
+            value = _field(message, key, "a string", owner=where)
+            if not isinstance(value, str):
+                raise InvalidRecord(f"{where}: field '{key}' is {_kind(value)} (expected a string)")
+    roles = [m["role"] for m in messages]
+    if "assistant" not in roles:
+        raise InvalidRecord(f"chat has no assistant turn (roles: {', '.join(roles)}); nothing to train on")
+    return list(messages)
+
+
+def detect_format(
+    first_records: Sequence[RawRecord], *, text_field: str, messages_field: str, dataset: str
+) -> RecordFormat:
+    """``format="auto"``: chat if the first readable record has the messages field, else text."""
+    for record in first_records:
+        if not isinstance(record.value, dict):
+            continue
+        if messages_field in record.value:
+            return "chat"
+        if text_field in record.value:
+            return "text"
+        raise DatasetError(
+            f"{record.location}: neither field '{messages_field}' (chat) nor '{text_field}' (text) "
+            f"(fields: {', '.join(record.value) or 'none'}); set --dataloader.text_field, "
+            "--dataloader.messages_field or --dataloader.format"
+        )
+    raise DatasetError(
+        f"--dataloader.dataset '{dataset}': no readable record among the first {len(first_records)} "
+        "(expected JSON objects with a text or messages field)"
+    )
+
+
+@dataclass
+class SkippedRecords:
+    """Bad records passed over in one pass over the data (``on_bad_record="skip"``)."""
+
+    count: int = 0
+    first: list[str] = field(default_factory=list)
+
+    def add(self, line: str) -> None:
+        self.count += 1
+        if len(self.first) < MAX_LISTED_LOCATIONS:
+            self.first.append(line)
+
+    def summary(self, where: str) -> str:
+        more = ", ..." if self.count > len(self.first) else ""
+        return f"data: skipped {self.count} bad record(s) {where}; first: {' | '.join(self.first)}{more}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "first": list(self.first)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> SkippedRecords:
+        return cls(count=int(state["count"]), first=list(state["first"]))

@@ -1,0 +1,348 @@
+"""Where records come from: the ``--dataloader.dataset`` string resolved to files, read by index.
+
+Every source gives random access by record index, because the dataset visits records in a
+shuffled, per-epoch order and resumes from an index saved in the checkpoint. Each record
+comes with its location (``data/train.jsonl:17``) so that errors can point at it.
+
+- JSON Lines files are indexed once (byte offset of every non-blank line) and read lazily,
+  so a file larger than memory still works and a bad line is reported with its number.
+- Parquet files are read into memory, only the column that is trained on.
+- ``datasets.Dataset.save_to_disk`` directories and Hub datasets are memory-mapped Arrow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from qwen3_titan_common.assets import default_corpus_path
+
+DEFAULT_DATASET = "default"
+JSONL_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+SUPPORTED = (
+    "a .jsonl/.json (JSON Lines) or .parquet file, a directory of them, or a datasets.save_to_disk directory"
+)
+# Directories downloaded from the Hub keep every split side by side (data/train-*.parquet,
+# data/test-*.parquet); reading all of them would train on the test set.
+SPLIT_NAMES = frozenset({"train", "test", "validation", "valid", "dev", "eval"})
+
+
+class DatasetError(ValueError):
+    """The dataset as a whole cannot be used (missing path, unsupported format, no such column)."""
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    location: str  # "data/train.jsonl:17" or "data/part-0.parquet:row 16"
+    value: Any  # the parsed record, normally a dict; None when unreadable
+    error: str | None = None  # why the line could not be read (not JSON, not UTF-8)
+
+
+class RecordSource(Protocol):
+    name: str  # for log lines: the path as the user wrote it
+
+    def __len__(self) -> int: ...
+
+    def read(self, indices: Sequence[int]) -> list[RawRecord]: ...
+
+
+@dataclass(frozen=True)
+class ResolvedDataset:
+    """What ``--dataloader.dataset`` names, checked without reading any record."""
+
+    spec: str
+    kind: Literal["files", "saved", "hub"]
+    files: tuple[Path, ...] = ()
+    saved_dir: Path | None = None
+    note: str | None = None  # a choice made for the user (which split), logged once
+
+    def describe(self) -> str:
+        if self.kind == "files":
+            return f"{len(self.files)} file(s)" if len(self.files) > 1 else "1 file"
+        return "save_to_disk directory" if self.kind == "saved" else "Hugging Face Hub dataset"
+
+
+def _download_hint(spec: str) -> str:
+    return (
+        f"--dataloader.dataset '{spec}': no such file or directory (relative paths are read from "
+        f"{os.getcwd()}). If it is a Hugging Face Hub dataset, download it first: "
+        f"`hf download --repo-type dataset {spec} --local-dir DIR` and pass --dataloader.dataset DIR "
+        f"(or pass --dataloader.allow_network to download at start)"
+    )
+
+
+def _is_saved_dataset(directory: Path) -> bool:
+    return (directory / "dataset_dict.json").is_file() or (
+        (directory / "state.json").is_file() and (directory / "dataset_info.json").is_file()
+    )
+
+
+def _is_hidden(relative: Path) -> bool:
+    # `hf download --local-dir` keeps its own metadata under .cache/.
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def _split_tokens(relative: Path) -> set[str]:
+    return set(re.split(r"[/\\._\-]+", relative.as_posix().lower()))
+
+
+def _data_files(directory: Path, split: str) -> tuple[list[Path], str | None]:
+    found = sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES
+        and not _is_hidden(p.relative_to(directory))
+    )
+    named_splits = {name for p in found for name in _split_tokens(p.relative_to(directory)) & SPLIT_NAMES}
+    if not named_splits:
+        return found, None
+    chosen = [p for p in found if split in _split_tokens(p.relative_to(directory))]
+    if not chosen:
+        raise DatasetError(
+            f"--dataloader.dataset '{directory}': its files are named by split ({', '.join(sorted(named_splits))}) "
+            f"but none by --dataloader.split '{split}'; pass one of those as --dataloader.split"
+        )
+    return chosen, f"reading split '{split}' only ({len(chosen)} of {len(found)} files; --dataloader.split)"
+
+
+def resolve_dataset(spec: str, *, split: str = "train", allow_network: bool = False) -> ResolvedDataset:
+    """Checks that ``spec`` names something readable; cheap enough to run when the config is built."""
+    if spec == DEFAULT_DATASET:
+        return ResolvedDataset(spec, "files", files=(default_corpus_path(),))
+    if not spec:
+        raise DatasetError(f"--dataloader.dataset is empty; pass {SUPPORTED}, or '{DEFAULT_DATASET}'")
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix.lower() not in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+            raise DatasetError(
+                f"--dataloader.dataset '{spec}': unsupported file type '{path.suffix or '(none)'}'; expected {SUPPORTED}"
+            )
+        return ResolvedDataset(spec, "files", files=(path,))
+    if path.is_dir():
+        if _is_saved_dataset(path):
+            return ResolvedDataset(spec, "saved", saved_dir=path)
+        files, note = _data_files(path, split)
+        if not files:
+            present = sorted(p.name for p in path.iterdir())[:8]
+            raise DatasetError(
+                f"--dataloader.dataset '{spec}': directory holds no .jsonl, .json or .parquet file and is not a "
+                f"datasets.save_to_disk directory (found: {', '.join(present) or 'nothing'}); expected {SUPPORTED}"
+            )
+        return ResolvedDataset(spec, "files", files=tuple(files), note=note)
+    if allow_network and _looks_like_hub_id(spec):
+        return ResolvedDataset(spec, "hub")
+    raise DatasetError(_download_hint(spec))
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    # "owner/name" or "name"; a missing local file (typo, wrong directory) must not go to the network.
+    return (
+        spec.count("/") <= 1
+        and not spec.startswith(("/", ".", "~"))
+        and Path(spec).suffix.lower() not in JSONL_SUFFIXES + PARQUET_SUFFIXES
+    )
+
+
+def _shown(path: Path, resolved: ResolvedDataset) -> str:
+    """The path as the user would recognise it: under the directory they passed."""
+    if resolved.spec == DEFAULT_DATASET:
+        return f"<embedded corpus>/{path.name}"
+    root = Path(resolved.spec).expanduser()
+    if root.is_dir():
+        return str(root / path.relative_to(root))
+    return str(root)
+
+
+class JsonlFile:
+    """One JSON Lines file, indexed by the byte offset of each non-blank line."""
+
+    def __init__(self, path: Path, name: str):
+        self.path = path
+        self.name = name
+        offsets, line_numbers = [], []
+        offset = 0
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    offsets.append(offset)
+                    line_numbers.append(number)
+                offset += len(line)
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+        self._line_numbers = np.asarray(line_numbers, dtype=np.int64)
+        if path.suffix.lower() == ".json":
+            self._refuse_plain_json()
+
+    def _refuse_plain_json(self) -> None:
+        # A .json file may hold one (pretty-printed) JSON document rather than JSON Lines; read
+        # line by line it would fail on every line, one bad record at a time.
+        first = self.first_line()
+        if first and _parse_json_line(first, self.name).error is not None:
+            convert = '`python -c "import json,sys; [print(json.dumps(r)) for r in json.load(sys.stdin)]" < IN > OUT.jsonl`'
+            raise DatasetError(
+                f"{self.name}: is not JSON Lines (its first line is not a JSON value); expected one JSON object "
+                f"per line; a JSON array of records converts with {convert}"
+            )
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def first_line(self) -> bytes:
+        if not len(self):
+            return b""
+        with open(self.path, "rb") as f:
+            f.seek(int(self._offsets[0]))
+            return f.readline()
+
+    def read(self, indices: Sequence[int]) -> list[RawRecord]:
+        records = []
+        with open(self.path, "rb") as f:
+            for i in indices:
+                f.seek(int(self._offsets[i]))
+                location = f"{self.name}:{int(self._line_numbers[i])}"
+                records.append(_parse_json_line(f.readline(), location))
+        return records
+
+
+def _parse_json_line(raw: bytes, location: str) -> RawRecord:
+    try:
+        return RawRecord(location, json.loads(raw.rstrip(b"\r\n")))
+    except UnicodeDecodeError:
+        return RawRecord(location, None, "line is not UTF-8 text")
+    except json.JSONDecodeError as e:
+        return RawRecord(location, None, f"line is not JSON ({e.msg}, column {e.colno})")
+
+
+class ArrowColumns:
+    """Rows of an Arrow table or ``datasets.Dataset``, restricted to the columns trained on."""
+
+    def __init__(self, name: str, table: Any, columns: Sequence[str], row_label: str):
+        self.name = name
+        self._table = table
+        self._columns = list(columns)
+        self._row_label = row_label  # where row i is shown: f"{name}:row {i}"
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def read(self, indices: Sequence[int]) -> list[RawRecord]:
+        taken = _take(self._table, list(indices), self._columns)
+        rows = [dict(zip(self._columns, values, strict=True)) for values in zip(*taken, strict=True)]
+        return [RawRecord(f"{self._row_label}:row {i}", row) for i, row in zip(indices, rows, strict=True)]
+
+
+def _take(table: Any, indices: list[int], columns: list[str]) -> list[list[Any]]:
+    import pyarrow as pa
+
+    if isinstance(table, pa.Table):
+        taken = table.take(pa.array(indices, type=pa.int64()))
+        return [taken.column(c).to_pylist() for c in columns]
+    batch = table[indices]  # datasets.Dataset: one Arrow take, a dict of columns
+    return [batch[c] for c in columns]
+
+
+def _check_columns(name: str, present: Sequence[str], wanted: Sequence[str]) -> list[str]:
+    usable = [c for c in wanted if c in present]
+    if not usable:
+        raise DatasetError(
+            f"{name}: no column {' or '.join(repr(c) for c in wanted)} (columns: {', '.join(present)}); "
+            "set --dataloader.text_field / --dataloader.messages_field"
+        )
+    return usable
+
+
+def parquet_columns(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return list(pq.read_schema(path).names)
+
+
+def open_parquet(path: Path, name: str, wanted: Sequence[str]) -> ArrowColumns:
+    import pyarrow.parquet as pq
+
+    columns = _check_columns(name, parquet_columns(path), wanted)
+    return ArrowColumns(name, pq.read_table(path, columns=columns), columns, name)
+
+
+def load_saved(directory: Path, split: str) -> Any:
+    from datasets import DatasetDict, load_from_disk
+
+    loaded = load_from_disk(str(directory))
+    if isinstance(loaded, DatasetDict):
+        if split not in loaded:
+            raise DatasetError(
+                f"--dataloader.dataset '{directory}': no split '{split}' (splits: {', '.join(loaded)}); "
+                "pass one as --dataloader.split"
+            )
+        loaded = loaded[split]
+    return loaded
+
+
+def load_hub(spec: str, split: str) -> Any:
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(spec, split=split)
+    except Exception as e:  # network, authentication, unknown id, unknown split: all end the run here
+        reason = (str(e).strip().splitlines() or [""])[0]
+        raise DatasetError(
+            f"--dataloader.dataset '{spec}': could not load it from the Hugging Face Hub ({type(e).__name__}: "
+            f"{reason}); or download it yourself: `hf download --repo-type dataset {spec} --local-dir DIR`"
+        ) from e
+
+
+def open_arrow_dataset(dataset: Any, name: str, wanted: Sequence[str]) -> ArrowColumns:
+    columns = _check_columns(name, list(dataset.column_names), wanted)
+    return ArrowColumns(name, dataset.select_columns(columns), columns, name)
+
+
+class ConcatSource:
+    """Several sources seen as one, record indices running through them in order."""
+
+    def __init__(self, name: str, parts: Sequence[Any]):
+        self.name = name
+        self.parts = [p for p in parts if len(p)]
+        self._starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def read(self, indices: Sequence[int]) -> list[RawRecord]:
+        if len(self.parts) == 1:
+            return self.parts[0].read(indices)
+        which = np.searchsorted(self._starts, indices, side="right") - 1
+        out: list[RawRecord | None] = [None] * len(indices)
+        for part in np.unique(which):
+            slots = np.flatnonzero(which == part)
+            local = [int(indices[s] - self._starts[part]) for s in slots]
+            for slot, record in zip(slots, self.parts[part].read(local), strict=True):
+                out[slot] = record
+        return out  # type: ignore[return-value]
+
+
+def open_source(resolved: ResolvedDataset, wanted_columns: Sequence[str], split: str) -> ConcatSource:
+    """Opens what :func:`resolve_dataset` found. ``wanted_columns`` limits what columnar formats load."""
+    name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
+    if resolved.kind == "saved":
+        assert resolved.saved_dir is not None
+        return ConcatSource(
+            name, [open_arrow_dataset(load_saved(resolved.saved_dir, split), name, wanted_columns)]
+        )
+    if resolved.kind == "hub":
+        return ConcatSource(name, [open_arrow_dataset(load_hub(resolved.spec, split), name, wanted_columns)])
+    parts = []
+    for path in resolved.files:
+        shown = _shown(path, resolved)
+        if path.suffix.lower() in PARQUET_SUFFIXES:
+            parts.append(open_parquet(path, shown, wanted_columns))
+        else:
+            parts.append(JsonlFile(path, shown))
+    return ConcatSource(name, parts)

@@ -1,0 +1,202 @@
+"""Bad input gives one line naming the file, the line (or row) and what was expected."""
+
+import json
+import logging
+
+import pytest
+from qwen3_titan_common.assets import default_tokenizer_dir
+from qwen3_titan_common.data import BadRecordError, DatasetError, TextChatDataLoader
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+GOOD_TEXT = json.dumps({"text": "A perfectly fine document with some words in it."})
+GOOD_CHAT = json.dumps(
+    {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return HuggingFaceTokenizer.Config().build(tokenizer_path=str(default_tokenizer_dir()))
+
+
+def _loader(tokenizer, dataset, seq_len=32, **config):
+    return TextChatDataLoader.Config(dataset=str(dataset), shuffle=False, **config).build(
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=seq_len, local_batch_size=1
+    )
+
+
+def _file_with(tmp_path, good, bad_line, name="train.jsonl"):
+    """Two good records, the bad line as line 3, two good records."""
+    path = tmp_path / name
+    path.write_text("\n".join([good, good, bad_line, good, good]) + "\n")
+    return path
+
+
+TEXT_CASES = {
+    "missing field": (json.dumps({"body": "x"}), "field 'text' missing (expected a string)"),
+    "wrong type": (json.dumps({"text": 42}), "field 'text' is a number (expected a string)"),
+    "null": (json.dumps({"text": None}), "field 'text' is null (expected a string)"),
+    "empty text": (json.dumps({"text": "   "}), "field 'text' is empty (expected some text)"),
+    "not json": ('{"text": "unterminated', "line is not JSON (Unterminated string"),
+    "not an object": (json.dumps(["text"]), "record is a list (expected an object with field 'text')"),
+}
+CHAT_CASES = {
+    "no assistant turn": (
+        json.dumps({"messages": [{"role": "user", "content": "Hi?"}]}),
+        "chat has no assistant turn (roles: user); nothing to train on",
+    ),
+    "messages not a list": (
+        json.dumps({"messages": "Hi"}),
+        "field 'messages' is a string (expected a list of {role, content} objects)",
+    ),
+    "message without content": (
+        json.dumps({"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant"}]}),
+        "messages[1]: field 'content' missing (expected a string)",
+    ),
+    "content not a string": (
+        json.dumps(
+            {"messages": [{"role": "user", "content": ["Hi?"]}, {"role": "assistant", "content": "x"}]}
+        ),
+        "messages[0]: field 'content' is a list (expected a string)",
+    ),
+}
+
+
+def _cases():
+    yield from ((name, GOOD_TEXT, *case) for name, case in TEXT_CASES.items())
+    yield from ((name, GOOD_CHAT, *case) for name, case in CHAT_CASES.items())
+
+
+@pytest.mark.parametrize(("name", "good", "bad_line", "reason"), list(_cases()), ids=[c[0] for c in _cases()])
+def test_stop_mode_raises_one_line_naming_file_and_line(tmp_path, tokenizer, name, good, bad_line, reason):
+    path = _file_with(tmp_path, good, bad_line)
+    with pytest.raises(BadRecordError) as info:
+        list(_loader(tokenizer, path, infinite=False))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}:3: {reason}")
+    assert "--dataloader.on_bad_record skip" in message
+
+
+def test_skip_mode_counts_and_logs_once_per_pass(tmp_path, tokenizer, caplog):
+    lines = [GOOD_TEXT] * 4 + [bad for bad, _ in TEXT_CASES.values()] + [GOOD_TEXT] * 4
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    loader = _loader(tokenizer, path, on_bad_record="skip", infinite=False)
+    with caplog.at_level(logging.WARNING):
+        batches = list(loader)
+    assert batches
+    skipped = loader.dataset.skipped
+    assert skipped.count == len(TEXT_CASES)
+    assert skipped.first[0] == f"{path}:5: field 'text' missing (expected a string)"
+    summaries = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(summaries) == 1
+    assert summaries[0].startswith(f"data: skipped {len(TEXT_CASES)} bad record(s) in epoch 0 on dp rank 0")
+    assert f"{path}:5:" in summaries[0] and "..." in summaries[0]  # the first few, then "..."
+
+
+def test_skip_mode_on_chat_and_parquet_rows(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "chat.parquet"
+    good = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]
+    pq.write_table(pa.table({"messages": [good, good[:1], good]}), path)
+    loader = _loader(tokenizer, path, on_bad_record="skip", infinite=False)
+    assert len(list(loader)) == 2
+    assert loader.dataset.skipped.first == [
+        f"{path}:row 1: chat has no assistant turn (roles: user); nothing to train on"
+    ]
+
+
+def test_chat_whose_answer_starts_beyond_seq_len(tmp_path, tokenizer):
+    long_question = {
+        "messages": [{"role": "user", "content": "why " * 50}, {"role": "assistant", "content": "x"}]
+    }
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps(long_question) + "\n")
+    with pytest.raises(
+        BadRecordError, match=rf"^{path}:1: assistant text starts at token \d+, beyond --training.seq_len 32"
+    ):
+        next(iter(_loader(tokenizer, path)))
+
+
+def test_all_records_bad_stops_instead_of_looping(tmp_path, tokenizer):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": ""}\n{"text": 1}\n')
+    with pytest.raises(DatasetError, match="no usable record in epoch 0 on dp rank 0 \\(2 skipped as bad\\)"):
+        next(iter(_loader(tokenizer, path, on_bad_record="skip", format="text")))
+
+
+# -- the dataset as a whole: checked when the config is built ----------------------------------
+
+
+def test_missing_path_says_how_to_download(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError) as info:
+        TextChatDataLoader.Config(dataset="someone/some_dataset")
+    message = str(info.value)
+    assert "\n" not in message
+    assert "--dataloader.dataset 'someone/some_dataset': no such file or directory" in message
+    assert "hf download --repo-type dataset someone/some_dataset --local-dir DIR" in message
+    assert "--dataloader.allow_network" in message
+    # With network allowed, the same id passes the config check (it is downloaded at build),
+    # but a missing local file is still reported as missing rather than looked up on the Hub.
+    TextChatDataLoader.Config(dataset="someone/some_dataset", allow_network=True)
+    with pytest.raises(DatasetError, match="'data/train.jsonl': no such file or directory"):
+        TextChatDataLoader.Config(dataset="data/train.jsonl", allow_network=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (lambda d: (d / "data.csv").write_text("a,b\n") and d / "data.csv", "unsupported file type '.csv'"),
+        (
+            lambda d: (d / "notes.txt").write_text("x") and d,
+            "directory holds no .jsonl, .json or .parquet file",
+        ),
+    ],
+    ids=["csv file", "directory without data"],
+)
+def test_unsupported_paths(tmp_path, make, fragment):
+    with pytest.raises(DatasetError, match=fragment):
+        TextChatDataLoader.Config(dataset=str(make(tmp_path)))
+
+
+def test_dataset_path_is_refused(tmp_path):
+    with pytest.raises(DatasetError, match="pass the path as --dataloader.dataset"):
+        TextChatDataLoader.Config(dataset_path=str(tmp_path))
+
+
+def test_json_array_file(tmp_path, tokenizer):
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([{"text": "a"}, {"text": "b"}], indent=1))
+    with pytest.raises(
+        DatasetError, match=rf"^{path}: is not JSON Lines \(its first line is not a JSON value\)"
+    ):
+        _loader(tokenizer, path)
+
+
+def test_parquet_without_the_column(tmp_path, tokenizer):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"body": ["x"]}), path)
+    with pytest.raises(DatasetError, match=rf"^{path}: no column 'messages' or 'text' \(columns: body\)"):
+        _loader(tokenizer, path)
+
+
+def test_first_record_decides_nothing(tmp_path, tokenizer):
+    path = _file_with(tmp_path, json.dumps({"body": "x"}), GOOD_TEXT)
+    with pytest.raises(
+        DatasetError, match=rf"^{path}:1: neither field 'messages' \(chat\) nor 'text' \(text\)"
+    ):
+        _loader(tokenizer, path)
+
+
+def test_line_that_is_not_utf8(tmp_path, tokenizer):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(GOOD_TEXT.encode() + b'\n{"text": "caf\xe9"}\n')
+    with pytest.raises(BadRecordError, match=rf"^{path}:2: line is not UTF-8 text"):
+        list(_loader(tokenizer, path, infinite=False))
