@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qwen3_titan_common.errors import UserInputError
 
-class ArchitectureError(ValueError):
+
+class ArchitectureError(UserInputError):
     """A config.json we cannot honour; the message names the file and field."""
 
 

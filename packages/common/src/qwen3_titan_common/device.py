@@ -20,6 +20,8 @@ from types import SimpleNamespace
 
 import torch
 
+from qwen3_titan_common.errors import UserInputError
+
 logger = logging.getLogger(__name__)
 
 FORCE_DEVICE_ENV = "QWEN3_TITAN_DEVICE"
@@ -68,7 +70,7 @@ def _forced_device() -> str | None:
     if not forced:
         return None
     if forced not in DIST_BACKENDS:
-        raise ValueError(f"{FORCE_DEVICE_ENV}={forced!r}: expected one of {', '.join(DIST_BACKENDS)}")
+        raise UserInputError(f"{FORCE_DEVICE_ENV}={forced!r}: expected one of {', '.join(DIST_BACKENDS)}")
     return forced
 
 

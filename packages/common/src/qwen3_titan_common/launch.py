@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
+import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from qwen3_titan_common.config_names import list_config_functions
+from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.neuron_env import neuron_env_updates
 
 
@@ -37,7 +41,7 @@ class Backend:
     preflight: Callable[[list[str]], str | None] | None = None
 
 
-class LaunchError(ValueError):
+class LaunchError(UserInputError):
     pass
 
 
@@ -172,14 +176,9 @@ def _check_model_dir(titan_args: list[str]) -> None:
     """Check an explicitly named HF directory before starting ranks (headers only, no weights)."""
     for flag in ("--hf.model_dir", "--hf.model-dir"):
         if flag in titan_args and titan_args.index(flag) + 1 < len(titan_args):
-            from qwen3_titan_common.architecture import ArchitectureError
-            from qwen3_titan_common.hf.errors import CheckpointError
             from qwen3_titan_common.hf.start import open_checked_model_dir
 
-            try:
-                open_checked_model_dir(titan_args[titan_args.index(flag) + 1])
-            except (CheckpointError, ArchitectureError) as err:
-                raise LaunchError(str(err)) from None
+            open_checked_model_dir(titan_args[titan_args.index(flag) + 1])
 
 
 def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, LaunchPlan]:
@@ -251,7 +250,7 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             from qwen3_titan_common.dry_run import dry_run
 
             return dry_run(plan)
-    except LaunchError as err:
+    except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
     if opts.print_cmd:
@@ -260,8 +259,70 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
     command = plan.command()
     command[0] = _torchrun_executable()
     print(f"[train] {plan.shell_line()}", file=sys.stderr, flush=True)
-    os.execvpe(command[0], command, {**os.environ, **plan.env_updates})
-    return 1  # not reached
+    return run_and_summarise(command, {**os.environ, **plan.env_updates})
+
+
+# A rank that dies of one of our input errors prints `qwen3_titan_...XxxError: message`
+# at the end of its traceback; torchrun then adds its own report. We repeat the message
+# as the launcher's last line, so the culprit is the line a user reads.
+_USER_ERROR_LINE = re.compile(r"(?:^|[\s:])(?:qwen3_titan_[\w.]*|neuron_qwen3[\w.]*)\.(\w*Error): (.+)$")
+
+
+class _ErrorSummary:
+    """Finds the user-facing error in a failed run's output.
+
+    Two shapes: a rank that dies of one of our input errors ends its traceback with
+    ``qwen3_titan_...XxxError: message``; torchtitan's CLI parser (tyro) draws a box
+    (``╭─ ... │ message │ ... ╰─``) whose text, up to its ``───`` rule, is the message.
+    """
+
+    def __init__(self) -> None:
+        self.message: str | None = None
+        self._box: list[str] | None = None
+
+    def feed(self, line: str) -> None:
+        text = re.sub(r"^\[rank\d+\]:", "", line.rstrip("\n"))
+        if "╭─" in text:
+            self._box = []
+            return
+        if self._box is not None:
+            inner = text.strip().strip("│").strip()
+            if "╰" in text or inner.startswith("───"):
+                if self._box:
+                    self.message = " ".join(self._box)
+                self._box = None
+                return
+            if inner:
+                self._box.append(inner)
+            return
+        match = _USER_ERROR_LINE.search(text)
+        if match:
+            self.message = match.group(2)
+
+
+def run_and_summarise(command: list[str], env: dict[str, str]) -> int:
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    forward = lambda signum, frame: proc.send_signal(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, forward)
+    summary = _ErrorSummary()
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()  # keep the log live when it goes to a pipe or a file
+            summary.feed(line)
+        returncode = proc.wait()
+    except KeyboardInterrupt:
+        # Ctrl-C reached torchrun too (same process group): let it shut the ranks down.
+        returncode = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    sys.stdout.flush()
+    if returncode != 0 and summary.message is not None:
+        print(f"train: {summary.message}", file=sys.stderr)
+        return 2
+    return returncode
 
 
 def main_for(backend: Backend):
@@ -300,8 +361,6 @@ def _uv_parent_package() -> str | None:
         raw = Path(f"/proc/{ppid}/cmdline").read_bytes()
         args = [a.decode() for a in raw.split(b"\0") if a]
     except OSError:
-        import subprocess
-
         try:  # macOS and other systems without /proc
             out = subprocess.run(["ps", "-o", "command=", "-p", str(ppid)], capture_output=True, text=True)
             args = out.stdout.split()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qwen3_titan_common.errors import UserInputError
 
-class LayoutError(ValueError):
+
+class LayoutError(UserInputError):
     pass
 
 

@@ -72,11 +72,15 @@ class Qwen3Trainer(Trainer):
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
 
     def __init__(self, config: Config):
+        from qwen3_titan_common.preflight import check_before_start
+
         self._start = _prepare_start(config)
+        check_before_start(config)
         self._export_dtype = _export_dtype(config, self._start)
         self._max_shard_bytes = parse_size(config.hf.max_shard_size)
         super().__init__(config)
         self._use_flops_convention(config)
+        self._guard_checkpoint_disk()
         if config.hf.export and len(self.model_parts) != 1:
             raise CheckpointError(
                 "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
@@ -94,6 +98,34 @@ class Qwen3Trainer(Trainer):
             f"matmul parameters + {breakdown.attention_flops:,} attention "
             f"({'causal-halved' if causal else 'not halved'}); {breakdown.total_params:,} parameters in all"
         )
+
+    def _guard_checkpoint_disk(self) -> None:
+        """Check free space before each checkpoint torchtitan is about to write, with the numbers."""
+        checkpointer = getattr(self, "checkpointer", None)
+        if checkpointer is None or not getattr(checkpointer, "enable", False):
+            return
+        from torch.distributed.tensor import DTensor
+
+        from qwen3_titan_common.hf.export import check_free_space
+
+        local = sum(
+            (p.to_local() if isinstance(p, DTensor) else p).numel()
+            for m in self.model_parts
+            for p in m.parameters()
+        )
+        # fp32 weights plus AdamW's two fp32 moments, as DCP stores them for this rank.
+        needed = local * 4 * 3
+        save = checkpointer.save
+        folder = Path(self.config.dump_folder) / self.config.checkpoint.folder
+        interval = self.config.checkpoint.interval
+
+        def save_with_space_check(curr_step: int, last_step: bool = False, **kwargs):
+            if last_step or curr_step % interval == 0:
+                folder.mkdir(parents=True, exist_ok=True)
+                check_free_space(folder, needed, f"checkpoint of step {curr_step}")
+            return save(curr_step, last_step=last_step, **kwargs)
+
+        checkpointer.save = save_with_space_check
 
     def train_step(self, data_iterator) -> None:
         super().train_step(data_iterator)

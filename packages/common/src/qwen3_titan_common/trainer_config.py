@@ -80,5 +80,6 @@ def build_trainer_config(
             last_save_model_only=False,
         ),
         activation_checkpoint=SelectiveAC.Config() if shape.activation_checkpointing else None,
-        debug=DebugConfig(seed=shape.seed),
+        # Structured logs are Meta-internal tooling, written before any check could stop a bad run.
+        debug=DebugConfig(seed=shape.seed, enable_structured_logging=False),
     )

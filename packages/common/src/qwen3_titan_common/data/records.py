@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from qwen3_titan_common.data.sources import DatasetError, RawRecord
+from qwen3_titan_common.errors import UserInputError
 
 RecordFormat = Literal["text", "chat"]
 MAX_LISTED_LOCATIONS = 5
@@ -21,7 +22,7 @@ class InvalidRecord(Exception):
     """Why one record cannot be trained on; the caller adds where it is."""
 
 
-class BadRecordError(ValueError):
+class BadRecordError(UserInputError):
     """Raised with ``on_bad_record="stop"``: one line, the record's location first."""
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from qwen3_titan_common.assets import default_corpus_path
+from qwen3_titan_common.errors import UserInputError
 
 DEFAULT_DATASET = "default"
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -35,7 +36,7 @@ SUPPORTED = (
 SPLIT_NAMES = frozenset({"train", "test", "validation", "valid", "dev", "eval"})
 
 
-class DatasetError(ValueError):
+class DatasetError(UserInputError):
     """The dataset as a whole cannot be used (missing path, unsupported format, no such column)."""
 
 

@@ -1,0 +1,11 @@
+"""The one base class for mistakes in what the user gave us.
+
+Every such error carries a one-line message that names the culprit (file, key,
+flag) and what was expected. The ``train`` launcher recognises these when a rank
+dies of one and repeats the message as its own last line, so the user reads one
+line instead of a distributed traceback.
+"""
+
+
+class UserInputError(ValueError):
+    pass

@@ -1,0 +1,95 @@
+"""Killed mid-run, the same command carries on as if nothing happened."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from qwen3_titan_common.train_log import parse_step_lines
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
+STEPS = 15
+
+
+def _command(dump: Path) -> list[str]:
+    return [
+        TRAIN, "--training.steps", str(STEPS), "--checkpoint.interval", "5", "--hf.no-export",
+        "--debug.seed", "0", "--debug.deterministic", "--dump_folder", str(dump),
+    ]  # fmt: skip
+
+
+def _run(dump: Path, cwd: Path) -> str:
+    proc = subprocess.run(_command(dump), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    # torchrun starts each rank in its own session: killing the launcher's group is not enough.
+    for victim in [pid, *_descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _run_until_step(dump: Path, cwd: Path, kill_after: int) -> str:
+    """Start the command and SIGKILL its whole process tree once step `kill_after` is logged."""
+    proc = subprocess.Popen(
+        _command(dump), cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        steps = parse_step_lines(line)
+        if steps and steps[0].step == kill_after:
+            _kill_tree(proc.pid)
+            break
+    proc.wait()
+    return "".join(seen)
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_reproduces_every_step(tmp_path):
+    reference = {s.step: s.loss for s in parse_step_lines(_run(tmp_path / "reference", tmp_path))}
+    assert sorted(reference) == list(range(1, STEPS + 1))
+
+    kill_after = random.Random().randint(6, STEPS - 1)  # after the first checkpoint (step 5)
+    dump = tmp_path / "killed"
+    first = parse_step_lines(_run_until_step(dump, tmp_path, kill_after))
+    assert first[-1].step == kill_after
+    assert not (dump / "checkpoint" / f"step-{STEPS}").exists(), "the kill came after the run had finished"
+    # A checkpoint cut short (no DCP .metadata) must never be picked up.
+    partial = dump / "checkpoint" / f"step-{STEPS - 1}"
+    partial.mkdir(parents=True, exist_ok=True)
+    (partial / "__0_0.distcp").write_bytes(b"half a checkpoint")
+
+    second_log = _run(dump, tmp_path)
+    second = parse_step_lines(second_log)
+    resumed_from = 10 if kill_after >= 10 else 5
+    assert f"[start] resuming from step {resumed_from}" in second_log
+    assert [s.step for s in second] == list(range(resumed_from + 1, STEPS + 1))
+    print(f"killed after step {kill_after}, resumed from step {resumed_from}")
+    for s in first + second:
+        assert abs(s.loss - reference[s.step]) <= 1e-6, (s.step, s.loss, reference[s.step])
