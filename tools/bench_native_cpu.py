@@ -63,9 +63,8 @@ def trainer_tokens_per_second(steps: int, extra: list[str]) -> float:
 def transformers_loop(steps: int, autocast_bf16: bool) -> float:
     """A plain training loop: the debug architecture as transformers' Qwen3ForCausalLM."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from qwen3_titan_native.config_registry import debug
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = debug()
     source = dict(config.architecture.source)
@@ -74,7 +73,9 @@ def transformers_loop(steps: int, autocast_bf16: bool) -> float:
     lr = config.optimizer.param_groups[0].optimizer_kwargs["lr"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     batch, seq = config.training.local_batch_size, config.training.seq_len
-    tokens = torch.randint(0, source["vocab_size"], (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    tokens = torch.randint(
+        0, source["vocab_size"], (batch, seq + 1), generator=torch.Generator().manual_seed(0)
+    )
     rates = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -90,9 +91,10 @@ def transformers_loop(steps: int, autocast_bf16: bool) -> float:
 
 
 def _loop_in_subprocess(steps: int, autocast_bf16: bool) -> float:
+    here = str(Path(__file__).parent)
     code = (
-        "import sys, json; sys.path.insert(0, %r); import bench_native_cpu as b; "
-        "print(json.dumps(b.transformers_loop(%d, %r)))" % (str(Path(__file__).parent), steps, autocast_bf16)
+        f"import sys, json; sys.path.insert(0, {here!r}); import bench_native_cpu as b; "
+        f"print(json.dumps(b.transformers_loop({steps}, {autocast_bf16!r})))"
     )
     out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

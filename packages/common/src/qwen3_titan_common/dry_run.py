@@ -44,8 +44,11 @@ def _activation_bytes(config, layout, model_config) -> int:
     # backward without recomputation (Korthikanti et al. 2022, attention scores not
     # materialised by SDPA); selective/full recomputation keeps far less. A rough
     # upper bound for planning, not a measurement.
-    hidden = model_config.dim
-    layers = len(model_config.layers)
+    # The architecture (config.json) where the config has one, as every backend's does: not every
+    # backend's model config is torchtitan's Decoder.Config (hf-v5-backend's is not).
+    arch = getattr(config, "architecture", None)
+    hidden = arch.hidden_size if arch is not None else model_config.dim
+    layers = arch.num_hidden_layers if arch is not None else len(model_config.layers)
     tokens = config.training.local_batch_size * config.training.seq_len
     per_layer = 34 * hidden * tokens // (layout.tp * layout.cp)
     if config.activation_checkpoint is not None:

@@ -1,0 +1,224 @@
+"""A transformers v5 causal LM as a torchtitan model.
+
+``HFCausalLM`` holds the two children of ``AutoModelForCausalLM.from_config(config.json)``: the
+decoder stack ``model`` (``Qwen3Model`` / ``Qwen3MoeModel``) and the output projection
+``lm_head``. Its parameter names are therefore exactly the Hugging Face ones
+(``model.layers.0.self_attn.q_proj.weight``, ``lm_head.weight``) and the transformers
+modelling code runs unchanged. Around it, what torchtitan's Trainer asks of a model: a
+``Config`` built on the meta device, ``update_from_config``, FLOPs per token,
+``init_weights`` after sharding, and ``forward(tokens) -> logits``.
+
+With tied embeddings, transformers makes ``lm_head.weight`` and
+``model.embed_tokens.weight`` one ``Parameter``; it stays one parameter through sharding
+(see ``parallelize.py``), training and export.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn as nn
+from torchtitan.protocols.model import BaseModel
+
+# --hf_v5.attention -> transformers' attn_implementation.
+ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "flex": "flex_attention"}
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
+
+INIT_STD = 0.02
+
+
+class HFCausalLM(BaseModel):
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseModel.Config):
+        hf_config: dict[str, Any] = field(default_factory=dict)
+        """The model's config.json, as transformers reads it."""
+
+        attention: Literal["sdpa", "flex"] = "sdpa"
+        """sdpa on every device; flex on CUDA only (set from --hf_v5.attention)."""
+
+        untie_embeddings: bool = False
+        """Train separate embedding and lm_head even if config.json ties them (--hf_v5.untie_embeddings)."""
+
+        @property
+        def tie_word_embeddings(self) -> bool:
+            """Whether the model this config builds shares one embedding / output matrix."""
+            return bool(self.hf_config.get("tie_word_embeddings", False)) and not self.untie_embeddings
+
+        @property
+        def num_experts(self) -> int:
+            """Routed experts per layer (0 for a dense model)."""
+            cfg = self.hf_config
+            return int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+
+        def transformers_config(self):
+            """The ``PretrainedConfig`` transformers builds the model from."""
+            from transformers import AutoConfig
+
+            source = dict(self.hf_config)
+            model_type = source.pop("model_type", None)
+            if model_type not in SUPPORTED_MODEL_TYPES:
+                raise ValueError(
+                    f"config.json: model_type={model_type!r}, expected one of {SUPPORTED_MODEL_TYPES} "
+                    "(hf-v5-backend trains Qwen3 and Qwen3-MoE)"
+                )
+            source["tie_word_embeddings"] = self.tie_word_embeddings
+            source["use_cache"] = False
+            return AutoConfig.for_model(model_type, **source)
+
+        def update_from_config(self, *, config, **kwargs) -> None:
+            from qwen3_titan_hf_v5.parallelize import check_parallelism
+
+            options = getattr(config, "hf_v5", None)
+            if options is not None:
+                self.attention = options.attention
+                self.untie_embeddings = options.untie_embeddings
+            check_parallelism(config.parallelism)
+            fake = getattr(getattr(config, "comm", None), "mode", "default") == "fake_backend"
+            if self.attention == "flex" and not fake:
+                from torchtitan.tools import utils
+
+                if utils.device_type != "cuda":
+                    raise ValueError(
+                        f"--hf_v5.attention flex: FlexAttention trains on CUDA only, this run is on "
+                        f"{utils.device_type}; use --hf_v5.attention sdpa (the default)"
+                    )
+            seq_len = config.training.seq_len
+            limit = int(self.hf_config.get("max_position_embeddings", seq_len))
+            if seq_len > limit:
+                raise ValueError(
+                    f"--training.seq_len {seq_len}: longer than the model's max_position_embeddings "
+                    f"({limit}) in config.json; use a shorter --training.seq_len"
+                )
+
+        def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+            """torchtitan's convention: 6 x matmul parameters (active experts only) + attention."""
+            cfg = self.hf_config
+            nparams = experts = 0
+            for name, param in model.named_parameters():  # a tied weight counts once
+                nparams += param.numel()
+                if ".mlp.experts." in name:
+                    experts += param.numel()
+            active_experts = experts * int(cfg.get("num_experts_per_tok", 1)) // max(self.num_experts, 1)
+            matmul = nparams - experts + active_experts
+            if not self.tie_word_embeddings:
+                # The input embedding is a lookup; an untied lm_head is a matmul and stays counted.
+                matmul -= model.get_submodule("model.embed_tokens").weight.numel()
+            heads = int(cfg["num_attention_heads"])
+            head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+            attention = 6 * int(cfg["num_hidden_layers"]) * heads * 2 * head_dim * seq_len
+            return nparams, 6 * matmul + attention
+
+    # Set by torchtitan's Trainer when a chunked loss applies lm_head itself.
+    _skip_lm_head: bool = False
+
+    def __init__(self, config: Config):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        hf_config = config.transformers_config()
+        causal_lm = AutoModelForCausalLM.from_config(
+            hf_config,
+            attn_implementation=ATTENTION_IMPLEMENTATIONS[config.attention],
+            dtype=torch.get_default_dtype(),
+        )
+        self.model = causal_lm.model
+        self.lm_head = causal_lm.lm_head
+        # transformers gives the embedding padding_idx=pad_token_id, which zeroes that row's
+        # gradient. Training rows are packed (no padding), and the Qwen3 configs here set
+        # pad_token_id = eos_token_id: it would freeze the EOS embedding, which torchtitan's
+        # native model trains. The forward is unchanged.
+        self.model.embed_tokens.padding_idx = None
+        self.hf_config = hf_config
+        self.enable_weight_tying = config.tie_word_embeddings
+        self._residual_std = INIT_STD / (2 * hf_config.num_hidden_layers) ** 0.5
+        self._is_moe = config.num_experts > 0
+        tied = self.lm_head.weight is self.model.embed_tokens.weight
+        if tied != self.enable_weight_tying:
+            raise RuntimeError(
+                f"transformers built lm_head {'tied' if tied else 'untied'} to the embedding, expected "
+                f"tie_word_embeddings={self.enable_weight_tying}"
+            )
+
+    @property
+    def tok_embeddings(self) -> nn.Module:
+        """torchtitan's name for the input embedding (used by its tools, e.g. the dry run)."""
+        return self.model.embed_tokens
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        # tokens (B, L) -> logits (B, L, vocab). With positions (per-document, restarting after EOS),
+        # transformers also masks attention across documents.
+        hidden_BLD = self.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state
+        if self._skip_lm_head:
+            return hidden_BLD
+        return self.lm_head(hidden_BLD)
+
+    def verify_module_protocol(self) -> None:
+        # The transformers submodules are plain nn.Modules by design: this backend trains them
+        # unchanged. What the rest of the backend relies on is the layout, checked here.
+        layers = getattr(self.model, "layers", None)
+        if not isinstance(layers, nn.ModuleList) or len(layers) != self.hf_config.num_hidden_layers:
+            raise RuntimeError(
+                f"{type(self.model).__name__}: expected `layers` as an nn.ModuleList of "
+                f"{self.hf_config.num_hidden_layers} decoder layers"
+            )
+        for name in ("embed_tokens", "norm", "rotary_emb"):
+            if not isinstance(getattr(self.model, name, None), nn.Module):
+                raise RuntimeError(f"{type(self.model).__name__}: no `{name}` submodule")
+
+    def init_states(self, *, buffer_device: torch.device | None = None) -> None:
+        """Random initialisation with the same distributions as the native backend's Qwen3."""
+        with torch.no_grad():
+            for name, param in self.named_parameters():  # a tied weight is initialised once
+                self._init_parameter(name, param)
+            self._init_rope_buffers(buffer_device)
+
+    def _init_parameter(self, name: str, param: torch.Tensor) -> None:
+        name = name.replace("._checkpoint_wrapped_module", "")
+        if name.endswith("norm.weight"):
+            nn.init.ones_(param)
+        elif name.endswith(".bias"):
+            nn.init.zeros_(param)
+        elif self._is_moe and name.endswith(("self_attn.o_proj.weight", "mlp.experts.down_proj")):
+            # Output projections into the residual stream are scaled down with depth.
+            nn.init.normal_(param, std=self._residual_std)
+        elif name.endswith(_NORMAL_INIT_SUFFIXES):
+            nn.init.normal_(param, std=INIT_STD)
+        else:
+            raise RuntimeError(f"{name}: no initialisation rule for this parameter (hf-v5-backend model.py)")
+
+    def _init_rope_buffers(self, buffer_device: torch.device | None) -> None:
+        # RoPE inverse frequencies are computed in the rotary module's constructor, which ran on
+        # the meta device: recompute them as transformers does (on the CPU, in fp32).
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        for module in self.modules():
+            if "inv_freq" not in module._buffers or not hasattr(module, "rope_type"):
+                continue
+            if module.rope_type == "default":
+                rope_init = module.compute_default_rope_parameters
+            else:
+                rope_init = ROPE_INIT_FUNCTIONS[module.rope_type]
+            inv_freq, attention_scaling = rope_init(module.config)
+            device = buffer_device or module.inv_freq.device
+            module.inv_freq = inv_freq.to(device)
+            if "original_inv_freq" in module._buffers:
+                module.original_inv_freq = inv_freq.clone().to(device)
+            module.attention_scaling = attention_scaling
+
+
+_NORMAL_INIT_SUFFIXES = (
+    "embed_tokens.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "mlp.gate.weight",
+    "mlp.experts.gate_up_proj",
+    "mlp.experts.down_proj",
+    "lm_head.weight",
+)

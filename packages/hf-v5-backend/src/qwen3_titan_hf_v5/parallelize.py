@@ -1,0 +1,137 @@
+"""Activation checkpointing, torch.compile and FSDP2 for ``HFCausalLM``, in torchtitan's order.
+
+The decoder stack ``model.model`` holds ``layers`` as torchtitan's own decoders do, so
+torchtitan's AC policies (``ac_config.build().apply``) and per-block compile
+(``apply_compile``) apply to it unchanged. FSDP2: one group per decoder layer, then the
+root group, which holds what is left: the embedding, the final norm and ``lm_head``. With
+tied embeddings those share one parameter, and FSDP2 requires a parameter to live in
+exactly one group, so they must stay together in the root. Mixed precision is FSDP2's
+``MixedPrecisionPolicy`` from ``--training.mixed_precision_param/_reduce``, as torchtitan
+applies it (also on one rank).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
+from torchtitan.config import TORCH_DTYPE_MAP, CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed.activation_checkpoint import ActivationCheckpointingConfig
+from torchtitan.distributed.compile import apply_compile
+from torchtitan.distributed.fsdp import (
+    disable_fsdp_gradient_division,
+    enable_fsdp_symm_mem,
+    get_fsdp_reshard_after_forward_policy,
+)
+from torchtitan.tools.logging import logger
+
+# Parallelisms this backend does not implement (each off at degree 1).
+_UNSUPPORTED = (
+    "tensor_parallel_degree",
+    "context_parallel_degree",
+    "pipeline_parallel_degree",
+    "expert_parallel_degree",
+)
+
+
+def check_parallelism(parallelism: ParallelismConfig) -> None:
+    """FSDP/HSDP only: refuse the rest in one line each, before anything is built."""
+    for name in _UNSUPPORTED:
+        value = getattr(parallelism, name, 1)
+        if value != 1:
+            raise ValueError(
+                f"--parallelism.{name} {value}: hf-v5-backend shards with FSDP2 (data parallel) only; "
+                "use 1, or the native backend for tensor/context/pipeline/expert parallelism"
+            )
+    if parallelism.spmd_backend == "full_dtensor":
+        raise ValueError(
+            "--parallelism.spmd_backend full_dtensor: the transformers model takes plain tensors; "
+            "use spmd_types (the default) or partial_dtensor"
+        )
+
+
+def parallelize_hf_v5(
+    model: nn.Module,
+    *,
+    parallel_dims: ParallelDims,
+    training: TrainingConfig,
+    parallelism: ParallelismConfig,
+    compile_config: CompileConfig,
+    ac_config: ActivationCheckpointingConfig,
+    dump_folder: str,
+) -> nn.Module:
+    check_parallelism(parallelism)
+    decoder = model.model
+    if ac_config is not None:
+        ac_config.build(dump_folder=dump_folder).apply(decoder)
+    # After AC wrapping and before FSDP, as torchtitan does: one compiled graph per layer.
+    if compile_config.enable and "model" in compile_config.components:
+        apply_compile(decoder, compile_config=compile_config, parallel_dims=parallel_dims)
+    _apply_fsdp(model, parallel_dims=parallel_dims, training=training, parallelism=parallelism)
+    return model
+
+
+def _fsdp_mesh(parallel_dims: ParallelDims, parallelism: ParallelismConfig) -> DeviceMesh:
+    """The data-parallel mesh: (dp_replicate, shard) for HSDP, (shard,) for FSDP, kept at size 1.
+
+    The transformers parameters are plain tensors, not SPMD-annotated ones, so FSDP2 gets the
+    plain DP submesh (no ``dp_mesh_dims``) under either SPMD backend.
+    """
+    shard = "dp_shard" if parallelism.spmd_backend == "spmd_types" else "fsdp"
+    names = ["dp_replicate", shard] if parallel_dims.dp_replicate_enabled else [shard]
+    mesh = parallel_dims.get_optional_mesh(names, include_singleton_axes=True)
+    assert mesh is not None, f"no {names} mesh"
+    return mesh
+
+
+def _apply_fsdp(
+    model: nn.Module, *, parallel_dims: ParallelDims, training: TrainingConfig, parallelism: ParallelismConfig
+) -> None:
+    mesh = _fsdp_mesh(parallel_dims, parallelism)
+    fsdp: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=TORCH_DTYPE_MAP[training.mixed_precision_param],
+            reduce_dtype=TORCH_DTYPE_MAP[training.mixed_precision_reduce],
+            cast_forward_inputs=False,
+        ),
+    }
+    if training.enable_cpu_offload:
+        fsdp["offload_policy"] = CPUOffloadPolicy()
+    reshard = get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, pp_enabled=False)
+    shards = mesh.size()
+    for layer in model.model.layers:
+        fully_shard(
+            layer, **fsdp, reshard_after_forward=reshard, shard_placement_fn=_experts_placement(layer, shards)
+        )
+    # The root group: embed_tokens, the final norm and lm_head (one tied parameter, or two).
+    fully_shard(model, **fsdp)
+    if parallelism.enable_fsdp_symm_mem:
+        enable_fsdp_symm_mem(model)
+    # torchtitan scales the loss by the global token count itself.
+    disable_fsdp_gradient_division(model)
+    if mesh.device_type == "cpu":
+        # With no division left, FSDP's PREMUL_SUM reduce-scatter is a plain sum, and gloo
+        # (CPU) implements only the latter: several CPU ranks then train too.
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+    logger.info(
+        f"Applied FSDP2 to the transformers model: {len(model.model.layers)} decoder-layer groups + root "
+        f"(embedding, norm, lm_head{', tied' if getattr(model, 'enable_weight_tying', False) else ''})"
+    )
+
+
+def _experts_placement(layer: nn.Module, shards: int):
+    """Fused expert tensors (E, ., .) shard on dim 1 when there are more ranks than experts (no padding)."""
+    experts = {p for name, p in layer.named_parameters() if ".mlp.experts." in f".{name}"}
+    if not experts:
+        return None
+    num_experts = next(iter(experts)).shape[0]
+    if shards <= num_experts:
+        return None
+    return lambda param: Shard(1) if param in experts else None

@@ -1,0 +1,75 @@
+"""``uv run --package nki-moe-backend train``: common's launcher with this backend's NKI shape check.
+
+The shared ``train`` script (``qwen3_titan_common.launch:main``) finds :data:`BACKEND` through the
+``qwen3_titan.backends`` entry point; ``python -m qwen3_titan_nki_moe.launch`` runs it directly.
+
+When the run asks for the NKI kernels (``--kernels nki`` or ``QWEN3_TITAN_KERNELS=nki``), the
+resolved config is checked against the kernels' shape rules before torchrun starts any rank
+(:func:`nki_precheck`, the backend's ``preflight``), and a broken rule ends the launch with one line::
+
+    train: --training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024
+
+The trainer runs the same check, so the upstream ``torchrun ... -m torchtitan.train`` form fails
+the same way (inside the rank, before distributed init).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import redirect_stderr, redirect_stdout
+
+from qwen3_titan_common.launch import Backend, LaunchError, main_for, plan_launch
+
+_NO_RUN_FLAGS = {"-h", "--help", "--list-configs"}
+
+
+def _requested_kernels(argv: list[str]) -> str:
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == "--kernels" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--kernels="):
+            value = arg.partition("=")[2]
+    if value is None or value == "auto":
+        return os.environ.get("QWEN3_TITAN_KERNELS", "auto")
+    return value
+
+
+def nki_precheck(argv: list[str]) -> str | None:
+    """The one-line error for an NKI request whose shapes the kernels cannot run, else None."""
+    if _requested_kernels(argv) != "nki" or _NO_RUN_FLAGS & set(argv):
+        return None
+    try:
+        # --nproc first: the plan's device detection is not needed for a shape check.
+        _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
+    except LaunchError:
+        return None  # the launcher reports it
+    from torchtitan.config.manager import ConfigManager
+
+    from qwen3_titan_nki_moe import constraints
+
+    args = ["--module", plan.module, "--config", plan.config, *plan.passthrough]
+    # Quietly: torchtitan prints config warnings while parsing, and any parse error is
+    # torchtitan's to report, in the run itself.
+    with open(os.devnull, "w") as devnull, redirect_stdout(devnull), redirect_stderr(devnull):
+        try:
+            config = ConfigManager().parse_args(args)
+        except (Exception, SystemExit):
+            return None
+    if getattr(config, "model_spec", None) is None or not hasattr(config, "kernels"):
+        return None
+    found = constraints.violations(constraints.kernel_shape(config))
+    return found[0].message() if found else None
+
+
+BACKEND = Backend(
+    distribution="nki-moe-backend",
+    module="qwen3_titan_nki_moe",
+    default_config="debug_moe",
+    preflight=nki_precheck,
+)
+
+main = main_for(BACKEND)
+
+if __name__ == "__main__":
+    main()

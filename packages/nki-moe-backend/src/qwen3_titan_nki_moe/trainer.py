@@ -1,0 +1,68 @@
+"""The backend's trainer: common's ``Qwen3Trainer`` plus kernel selection.
+
+``NkiMoETrainer.Config`` adds one field to ``Qwen3Trainer.Config``:
+
+    --kernels {auto,reference,nki}   auto: NKI on Trainium, reference elsewhere (default;
+                                     ``QWEN3_TITAN_KERNELS`` sets it when the flag is absent)
+
+Before anything is built (and before distributed init), ``__init__``
+
+1. expands bare-module ``--override.imports`` entries and adds the backend's kernel
+   overrides for components the list leaves unclaimed (``override_imports``);
+2. under ``--kernels nki`` checks the NKI kernels' shape rules (``constraints``);
+3. chooses each op's implementation and logs it, one line per op (``registry``).
+
+The config functions in ``config_registry`` return this Config, so the Config class picks
+this trainer; ``--module neuron_qwen3 --config qwen3_nki_moe_config`` does too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from qwen3_titan_common.qwen3_trainer import Qwen3Trainer
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_nki_moe import constraints, override_imports, registry
+from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES
+
+
+class NkiMoETrainer(Qwen3Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Qwen3Trainer.Config):
+        kernels: Literal["auto", "reference", "nki"] = "auto"
+        """Kernel implementations: auto (NKI on Trainium where the shape rules hold, reference
+        elsewhere), reference, or nki (fail unless every NKI kernel can run). When left at auto,
+        the QWEN3_TITAN_KERNELS environment variable decides."""
+
+    def __init__(self, config: Config):
+        prepare_kernels(config)
+        super().__init__(config)
+
+
+def _effective_model_config(config) -> object:
+    """The config as the run will build it: ``--hf.model_dir``'s architecture replaces the default."""
+    if not (config.hf.model_dir and config.model_spec_builder):
+        return config
+    from qwen3_titan_common.architecture import read_architecture
+    from qwen3_titan_common.hf.start import absolute
+
+    try:
+        arch = read_architecture(absolute(config.hf.model_dir))
+    except Exception:
+        return config  # Qwen3Trainer reports a bad or missing directory itself, in its own words
+    import dataclasses
+
+    return dataclasses.replace(config, model_spec=config.model_spec_builder(arch, config.model_spec.flavor))
+
+
+def prepare_kernels(config) -> dict[str, registry.Choice]:
+    """Steps 1-3 of the module docstring; raises with a one-line message on a bad request."""
+    imports, lines = override_imports.expand(config.override.imports)
+    imports, more = override_imports.complete(imports, KERNEL_OVERRIDES)
+    config.override.imports = imports
+    for line in lines + more:
+        logger.info(line)
+    shape = constraints.kernel_shape(_effective_model_config(config))
+    return registry.configure(config.kernels, shape)

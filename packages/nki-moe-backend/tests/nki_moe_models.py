@@ -1,0 +1,37 @@
+"""Tiny torchtitan Qwen3-MoE models, stock and with the registry's overrides, on the same weights."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from qwen3_titan_common.architecture import architecture_from_config
+from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_config
+from qwen3_titan_nki_moe.config_registry import DEBUG_MOE_CONFIG
+from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES
+from torchtitan.config.override import OverrideConfig, apply_overrides
+
+SMALL_MOE = {
+    **DEBUG_MOE_CONFIG,
+    "hidden_size": 128,
+    "moe_intermediate_size": 64,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+}
+
+
+def model_configs(config: dict = SMALL_MOE, overrides=KERNEL_OVERRIDES):
+    """(stock, overridden) model configs of one architecture."""
+    stock = titan_qwen3_model_config(architecture_from_config(config, "test config"))
+    overridden = copy.deepcopy(stock)
+    replaced = apply_overrides(OverrideConfig(imports=list(overrides)), overridden)
+    return stock, overridden, replaced
+
+
+def build(model_config, seed: int = 0, state_dict=None):
+    torch.manual_seed(seed)
+    model = model_config.build()
+    model.init_states()
+    if state_dict is not None:
+        model.load_state_dict(state_dict)
+    return model

@@ -1,0 +1,100 @@
+"""examples/my_neuron_kernels: the recipe's bare-module override form, and the module.function form.
+
+torchtitan 0.3.0 rejects ``--override.imports my_neuron_kernels`` ("must be a 'module.function'
+path"); the nki-moe backend's trainer expands it into the module's @override factories and keeps
+the backend's own kernels for the components the module does not override.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from qwen3_titan_common.train_log import parse_step_lines
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+BACKEND = [
+    "qwen3_titan_nki_moe.overrides.grouped_experts",
+    "qwen3_titan_nki_moe.overrides.rms_norm",
+]
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from qwen3_titan_nki_moe import registry
+
+    registry.reset()
+    yield
+    registry.reset()
+
+
+def _prepared(imports):
+    from qwen3_titan_nki_moe.config_registry import debug_moe
+    from qwen3_titan_nki_moe.trainer import prepare_kernels
+
+    config = debug_moe()
+    config.override.imports = imports
+    chosen = prepare_kernels(config)
+    return config, chosen
+
+
+def test_torchtitan_alone_rejects_the_bare_module(examples_on_path):
+    from qwen3_titan_nki_moe.config_registry import debug_moe
+    from torchtitan.config.override import OverrideConfig, apply_overrides
+
+    with pytest.raises(ValueError, match="must be a 'module.function' path"):
+        apply_overrides(OverrideConfig(imports=["my_neuron_kernels"]), debug_moe())
+
+
+@pytest.mark.parametrize("entry", ["my_neuron_kernels", "my_neuron_kernels.my_rope_hf"])
+def test_both_forms_swap_rope_and_keep_the_backend_kernels(entry, examples_on_path):
+    from my_neuron_kernels import MyRoPE
+    from torchtitan.config.override import apply_overrides
+
+    config, chosen = _prepared([entry])
+    assert config.override.imports == ["my_neuron_kernels.my_rope_hf", *BACKEND]
+    assert chosen["my_rope_hf"].implementation == "reference"
+    lines = apply_overrides(config.override, config)
+    assert sum("my_neuron_kernels.my_rope_hf" in line for line in lines) == 2  # one RoPE per layer
+    model = config.model_spec.model.build()
+    assert sum(isinstance(m, MyRoPE) for m in model.modules()) == 2
+
+
+def test_my_rope_hf_matches_the_backends_reference(examples_on_path):
+    import my_neuron_kernels
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 16, 32, generator=g, requires_grad=True), torch.randn(2, 2, 16, 32, generator=g)
+    angle = torch.randn(1, 16, 16, generator=g).repeat(1, 1, 2)
+    args = (q, k, angle.cos(), angle.sin())
+    mine, ours = my_neuron_kernels.rope_hf(*args), torch.ops.qwen3_titan.rope_hf(*args)
+    assert all(torch.equal(a, b) for a, b in zip(mine, ours, strict=True))
+    torch.library.opcheck(torch.ops.my_neuron_kernels.rope_hf, args)
+    grad = torch.randn_like(mine[0])
+    assert torch.allclose(
+        torch.autograd.grad(mine[0], q, grad)[0], torch.autograd.grad(ours[0], q, grad)[0], atol=1e-6
+    )
+
+
+@pytest.mark.slow
+def test_training_with_the_recipes_override_form(tmp_path):
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "PYTHONPATH": str(EXAMPLES)}
+    env.pop("QWEN3_TITAN_KERNELS", None)
+    command = [
+        sys.executable, "-m", "qwen3_titan_nki_moe.launch", "--override.imports", "my_neuron_kernels",
+        "--training.steps", "8", "--dump_folder", str(tmp_path / "out"), "--checkpoint.no-enable", "--hf.no-export",
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "[override] --override.imports my_neuron_kernels -> my_neuron_kernels.my_rope_hf" in log
+    assert "[kernels] my_rope_hf: reference (QWEN3_TITAN_DEVICE=cpu)" in log
+    assert "[Override] my_neuron_kernels.my_rope_hf: model_spec.model.layers.0.attention.rope" in log
+    assert "[Override] qwen3_titan_nki_moe.overrides.grouped_experts" in log
+    steps = parse_step_lines(log)
+    assert len(steps) == 8
+    assert steps[-1].loss < steps[0].loss

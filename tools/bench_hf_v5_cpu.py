@@ -1,0 +1,123 @@
+"""Benchmark: hf-v5-backend vs native-backend vs a plain transformers loop, on the CPU.
+
+    uv run python tools/bench_hf_v5_cpu.py [--repeats 3] [--steps 25] [--fp32]
+
+All three train the embedded default (`debug`: batch 8 x seq 256, AdamW, the same config.json)
+on the CPU. The two backends run through `train` (QWEN3_TITAN_BACKEND selects each), tokens/s
+read from their step lines (`tps:`), median over the steps after the first quarter (warm-up);
+the plain loop is transformers' Qwen3ForCausalLM with SDPA, a hand-written AdamW step, fp32 (its
+default) and with bf16 autocast (closest to the trainers' bf16 mixed precision). Backend runs
+alternate (native, hf-v5, native, ...) so that load from other processes hits both alike.
+
+Targets (issue 4): hf-v5 >= 0.9x native, and above the plain loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+QUIET = ["--checkpoint.no-enable", "--hf.no-export"]
+
+
+def trainer_tokens_per_second(backend: str, steps: int, extra: list[str]) -> float:
+    from qwen3_titan_common.train_log import parse_step_lines
+
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": backend}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            [TRAIN, "--training.steps", str(steps), *QUIET, "--dump_folder", tmp, *extra],
+            env=env, capture_output=True, text=True, cwd=tmp,
+        )  # fmt: skip
+    if out.returncode != 0:
+        raise RuntimeError(f"{backend}: train failed\n{out.stderr[-3000:]}")
+    lines = parse_step_lines(out.stdout + out.stderr)
+    return statistics.median(s.tokens_per_second for s in lines[len(lines) // 4 :])
+
+
+def transformers_loop(steps: int, autocast_bf16: bool) -> float:
+    """A plain training loop over the debug config.json as transformers' Qwen3ForCausalLM."""
+    import torch
+    from qwen3_titan_common.assets import default_architecture
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    source = dict(default_architecture().source)
+    config = AutoConfig.for_model(source.pop("model_type"), **source)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
+    batch, seq = 8, 256
+    tokens = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    rates = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
+            logits = model(input_ids=tokens[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+        rates.append(batch * seq / (time.perf_counter() - start))
+    return statistics.median(rates[len(rates) // 4 :])
+
+
+def _loop_in_subprocess(steps: int, autocast_bf16: bool) -> float:
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_hf_v5_cpu as b; "
+        f"print(json.dumps(b.transformers_loop({steps}, {autocast_bf16!r})))"
+    )
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _summary(values: list[float]) -> tuple[float, float, float]:
+    values = sorted(values)
+    return statistics.median(values), values[0], values[-1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--fp32", action="store_true", help="trainers in fp32 (no bf16 mixed precision)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    extra = ["--training.mixed_precision_param", "float32"] if args.fp32 else []
+    runs: dict[str, list[float]] = {"native": [], "hf_v5": [], "plain_fp32": [], "plain_bf16_autocast": []}
+    for _ in range(args.repeats):
+        runs["native"].append(trainer_tokens_per_second("native-backend", args.steps, extra))
+        runs["hf_v5"].append(trainer_tokens_per_second("hf-v5-backend", args.steps, extra))
+        runs["plain_fp32"].append(_loop_in_subprocess(args.steps, False))
+        runs["plain_bf16_autocast"].append(_loop_in_subprocess(args.steps, True))
+    figures = {name: _summary(values) for name, values in runs.items()}
+    precision = "fp32" if args.fp32 else "bf16 mixed precision"
+    print(f"CPU, debug model (batch 8 x seq 256), tokens/s, medians of {args.repeats} runs (min-max):")
+    print(f"  trainers in {precision}; plain transformers loop in fp32 and with bf16 autocast")
+    for name, (median, low, high) in figures.items():
+        print(f"  {name:<22} {median:>10,.1f}  ({low:,.1f}-{high:,.1f})")
+    hf_v5, native = figures["hf_v5"][0], figures["native"][0]
+    plain = max(figures["plain_fp32"][0], figures["plain_bf16_autocast"][0])
+    ratio = hf_v5 / native
+    print(f"hf-v5 / native: {ratio:.2f}x (target >= 0.9x): {'met' if ratio >= 0.9 else 'MISSED'}")
+    print(
+        f"hf-v5 / faster plain loop: {hf_v5 / plain:.2f}x (target > 1x): {'met' if hf_v5 > plain else 'MISSED'}"
+    )
+    spread = max((high - low) / median for median, low, high in figures.values() if median)
+    if spread > 0.25:
+        print(f"note: runs spread by up to {spread:.0%} of their median: the CPU was busy, figures are noisy")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
