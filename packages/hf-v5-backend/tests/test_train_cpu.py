@@ -15,6 +15,7 @@ from qwen3_titan_common.train_log import parse_step_lines
 from transformers import AutoModelForCausalLM
 
 TRAIN = str(Path(sys.executable).with_name("train"))
+VERIFY = str(Path(sys.executable).with_name("verify-checkpoint"))
 ENV = {**os.environ, "QWEN3_TITAN_BACKEND": "hf-v5-backend"}
 CPU_ENV = {**ENV, "QWEN3_TITAN_DEVICE": "cpu"}
 # Loads and exports without moving a weight: one step at learning rate 0, fp32 throughout.
@@ -36,6 +37,14 @@ def _loads_completely(export: Path):
     return model
 
 
+def _verified(export: Path) -> None:
+    """common's verify-checkpoint: keys complete, transformers and torchtitan's Qwen3 give the same logits."""
+    proc = subprocess.run([VERIFY, str(export)], env=CPU_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), (
+        proc.stdout[-2000:] + proc.stderr[-2000:]
+    )
+
+
 def _tensors(path: Path) -> dict[str, torch.Tensor]:
     return read_hf_state_dict(open_model_dir(path))
 
@@ -54,6 +63,7 @@ def test_default_config_trains_logs_and_exports_a_loadable_model(tmp_path):
     assert "lm_head.weight" not in _tensors(export)  # tied, as the embedded config.json says
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert json.loads((export / "config.json").read_text())["tie_word_embeddings"] is True
+    _verified(export)
 
 
 @pytest.mark.slow
@@ -68,6 +78,7 @@ def test_tiny_moe_trains_and_round_trips_its_per_expert_keys(tmp_path):
     assert "model.layers.3.mlp.experts.7.down_proj.weight" in tensors
     assert not any(key.endswith(("gate_up_proj", "experts.down_proj")) for key in tensors)
     _loads_completely(export)
+    _verified(export)
     _train("--hf-model", str(export), *NO_UPDATE, "--dump_folder", str(tmp_path / "b"), cwd=tmp_path)
     again = _tensors(tmp_path / "b" / "hf" / "step-1")
     assert tensors.keys() == again.keys()
@@ -88,6 +99,7 @@ def test_untied_on_purpose_exports_its_trained_lm_head(tmp_path):
     assert not torch.equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"])
     model = _loads_completely(export)
     assert model.lm_head.weight is not model.model.embed_tokens.weight
+    _verified(export)
 
 
 @pytest.mark.slow

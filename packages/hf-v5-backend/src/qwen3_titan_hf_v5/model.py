@@ -21,6 +21,9 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 from torchtitan.protocols.model import BaseModel
+from torchtitan.tools import utils as titan_utils
+
+from qwen3_titan_hf_v5.parallelize import check_parallelism
 
 # --hf_v5.attention -> transformers' attn_implementation.
 ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "flex": "flex_attention"}
@@ -68,21 +71,18 @@ class HFCausalLM(BaseModel):
             return AutoConfig.for_model(model_type, **source)
 
         def update_from_config(self, *, config, **kwargs) -> None:
-            from qwen3_titan_hf_v5.parallelize import check_parallelism
-
             options = getattr(config, "hf_v5", None)
             if options is not None:
                 self.attention = options.attention
                 self.untie_embeddings = options.untie_embeddings
             check_parallelism(config.parallelism)
-            fake = getattr(getattr(config, "comm", None), "mode", "default") == "fake_backend"
-            if self.attention == "flex" and not fake:
-                from torchtitan.tools import utils
-
-                if utils.device_type != "cuda":
+            # A dry run (fake process group) lays out a CUDA job on the CPU without running attention.
+            dry_run = getattr(getattr(config, "comm", None), "mode", "default") == "fake_backend"
+            if self.attention == "flex" and not dry_run:
+                if titan_utils.device_type != "cuda":
                     raise ValueError(
                         f"--hf_v5.attention flex: FlexAttention trains on CUDA only, this run is on "
-                        f"{utils.device_type}; use --hf_v5.attention sdpa (the default)"
+                        f"{titan_utils.device_type}; use --hf_v5.attention sdpa (the default)"
                     )
             seq_len = config.training.seq_len
             limit = int(self.hf_config.get("max_position_embeddings", seq_len))
