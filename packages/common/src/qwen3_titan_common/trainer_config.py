@@ -40,6 +40,46 @@ class RunShape:
     activation_checkpointing: bool = True
 
 
+def debug_shape(backend: str, name: str) -> RunShape:
+    """The embedded tiny model's run: identical for every backend, so their losses compare step by step."""
+    return RunShape(
+        steps=30,
+        seq_len=256,
+        local_batch_size=8,
+        lr=3e-3,
+        warmup_steps=3,
+        checkpoint_interval=30,
+        dump_folder=f"./outputs/{backend}-{name}",
+        activation_checkpointing=False,
+    )
+
+
+def real_size_shape(backend: str, name: str) -> RunShape:
+    """Published model sizes: fine-tuning defaults, checkpoints every 200 steps."""
+    return RunShape(
+        steps=1000,
+        seq_len=4096,
+        local_batch_size=1,
+        lr=3e-5,
+        warmup_steps=50,
+        checkpoint_interval=200,
+        dump_folder=f"./outputs/{backend}-{name}",
+        log_freq=10,
+    )
+
+
+# Where the recipe downloads Qwen3-4B-Instruct-2507 (`hf download ... --local-dir`).
+QWEN3_4B_2507_DIR = Path("assets/hf/Qwen3-4B-Instruct-2507")
+
+
+def qwen3_4b_2507_checkpoint() -> HFCheckpointConfig:
+    """The recipe's starting point: its local directory, and how to fetch it when absent."""
+    return HFCheckpointConfig(
+        model_dir=str(QWEN3_4B_2507_DIR),
+        download_hint=f"hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir {QWEN3_4B_2507_DIR}",
+    )
+
+
 def build_trainer_config(
     arch: Qwen3Architecture,
     flavor: str,

@@ -21,15 +21,15 @@ from qwen3_titan_common.published import published_architecture as _published_ar
 from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig
 from qwen3_titan_common.trainer_config import RunShape
 from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
+from qwen3_titan_common.trainer_config import debug_shape as _debug_shape
+from qwen3_titan_common.trainer_config import qwen3_4b_2507_checkpoint as _qwen3_4b_2507_checkpoint
+from qwen3_titan_common.trainer_config import real_size_shape as _real_size_shape
 
 from qwen3_titan_hf_v5.architectures import debug_moe_architecture as _debug_moe_architecture
 from qwen3_titan_hf_v5.model_spec import hf_v5_model_spec as _hf_v5_model_spec
 from qwen3_titan_hf_v5.trainer import HFv5Trainer
 
 BACKEND = "hf-v5"
-
-# Where the recipe downloads Qwen3-4B-Instruct-2507 (`hf download ... --local-dir`).
-QWEN3_4B_2507_DIR = Path("assets/hf/Qwen3-4B-Instruct-2507")
 
 
 def _config(
@@ -39,47 +39,22 @@ def _config(
     return HFv5Trainer.Config(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
 
 
-def _debug_shape(name: str) -> RunShape:
-    # The native backend's debug shape, so the two backends' losses compare step by step.
-    return RunShape(
-        steps=30,
-        seq_len=256,
-        local_batch_size=8,
-        lr=3e-3,
-        warmup_steps=3,
-        checkpoint_interval=30,
-        dump_folder=f"./outputs/{BACKEND}-{name}",
-        activation_checkpointing=False,
-    )
-
-
-def _real_size_shape(name: str) -> RunShape:
-    return RunShape(
-        steps=1000,
-        seq_len=4096,
-        local_batch_size=1,
-        lr=3e-5,
-        warmup_steps=50,
-        checkpoint_interval=200,
-        dump_folder=f"./outputs/{BACKEND}-{name}",
-        log_freq=10,
-    )
-
-
 def debug() -> HFv5Trainer.Config:
     """The embedded tiny Qwen3 (about 4M parameters) as a transformers model, on the embedded corpus."""
-    return _config(_default_architecture(), "debug", _debug_shape("debug"), _default_tokenizer_dir())
+    return _config(_default_architecture(), "debug", _debug_shape(BACKEND, "debug"), _default_tokenizer_dir())
 
 
 def debug_moe() -> HFv5Trainer.Config:
     """A tiny Qwen3-MoE (8 experts, top-2; transformers' Qwen3MoeForCausalLM) on the embedded corpus."""
     return _config(
-        _debug_moe_architecture(), "debug_moe", _debug_shape("debug_moe"), _default_tokenizer_dir()
+        _debug_moe_architecture(), "debug_moe", _debug_shape(BACKEND, "debug_moe"), _default_tokenizer_dir()
     )
 
 
 def _published(name: str, hub_name: str) -> HFv5Trainer.Config:
-    return _config(_published_architecture(hub_name), name, _real_size_shape(name), _default_tokenizer_dir())
+    return _config(
+        _published_architecture(hub_name), name, _real_size_shape(BACKEND, name), _default_tokenizer_dir()
+    )
 
 
 def qwen3_0_6b() -> HFv5Trainer.Config:
@@ -100,9 +75,6 @@ def qwen3_4b() -> HFv5Trainer.Config:
 def v5_qwen3_4b() -> HFv5Trainer.Config:
     """The recipe's config: Qwen3-4B-Instruct-2507 (RoPE theta 5e6) from assets/hf/, through transformers v5."""
     name = "v5_qwen3_4b"
-    hf = HFCheckpointConfig(
-        model_dir=str(QWEN3_4B_2507_DIR),
-        download_hint=f"hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir {QWEN3_4B_2507_DIR}",
-    )
+    hf = _qwen3_4b_2507_checkpoint()
     arch = _published_architecture("Qwen3-4B-Instruct-2507")
-    return _config(arch, name, _real_size_shape(name), _default_tokenizer_dir(), hf)
+    return _config(arch, name, _real_size_shape(BACKEND, name), _default_tokenizer_dir(), hf)

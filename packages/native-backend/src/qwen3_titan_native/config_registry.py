@@ -18,12 +18,12 @@ from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig
 from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
 from qwen3_titan_common.trainer_config import RunShape
 from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
+from qwen3_titan_common.trainer_config import debug_shape as _debug_shape
+from qwen3_titan_common.trainer_config import qwen3_4b_2507_checkpoint as _qwen3_4b_2507_checkpoint
+from qwen3_titan_common.trainer_config import real_size_shape as _real_size_shape
 from torchtitan.trainer import Trainer
 
 BACKEND = "native"
-
-# Where the recipe downloads Qwen3-4B-Instruct-2507 (`hf download ... --local-dir`).
-QWEN3_4B_2507_DIR = Path("assets/hf/Qwen3-4B-Instruct-2507")
 
 
 def _config(
@@ -34,36 +34,15 @@ def _config(
     )
 
 
-def _real_size_shape(name: str) -> RunShape:
-    return RunShape(
-        steps=1000,
-        seq_len=4096,
-        local_batch_size=1,
-        lr=3e-5,
-        warmup_steps=50,
-        checkpoint_interval=200,
-        dump_folder=f"./outputs/{BACKEND}-{name}",
-        log_freq=10,
-    )
-
-
 def debug() -> Trainer.Config:
     """The embedded tiny Qwen3 (about 4M parameters) on the embedded corpus."""
-    shape = RunShape(
-        steps=30,
-        seq_len=256,
-        local_batch_size=8,
-        lr=3e-3,
-        warmup_steps=3,
-        checkpoint_interval=30,
-        dump_folder=f"./outputs/{BACKEND}-debug",
-        activation_checkpointing=False,
-    )
-    return _config(_default_architecture(), "debug", shape, _default_tokenizer_dir())
+    return _config(_default_architecture(), "debug", _debug_shape(BACKEND, "debug"), _default_tokenizer_dir())
 
 
 def _published(name: str, hub_name: str) -> Trainer.Config:
-    return _config(_published_architecture(hub_name), name, _real_size_shape(name), _default_tokenizer_dir())
+    return _config(
+        _published_architecture(hub_name), name, _real_size_shape(BACKEND, name), _default_tokenizer_dir()
+    )
 
 
 def qwen3_0_6b() -> Trainer.Config:
@@ -89,9 +68,6 @@ def qwen3_8b() -> Trainer.Config:
 def native_qwen3_4b() -> Trainer.Config:
     """The recipe's config: Qwen3-4B-Instruct-2507 (RoPE theta 5e6) from assets/hf/."""
     name = "native_qwen3_4b"
-    hf = HFCheckpointConfig(
-        model_dir=str(QWEN3_4B_2507_DIR),
-        download_hint=f"hf download Qwen/Qwen3-4B-Instruct-2507 --local-dir {QWEN3_4B_2507_DIR}",
-    )
+    hf = _qwen3_4b_2507_checkpoint()
     arch = _published_architecture("Qwen3-4B-Instruct-2507")
-    return _config(arch, name, _real_size_shape(name), _default_tokenizer_dir(), hf)
+    return _config(arch, name, _real_size_shape(BACKEND, name), _default_tokenizer_dir(), hf)

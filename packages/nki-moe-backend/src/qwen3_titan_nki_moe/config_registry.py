@@ -21,6 +21,7 @@ from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig as _HFCheckpoint
 from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
 from qwen3_titan_common.trainer_config import RunShape as _RunShape
 from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
+from qwen3_titan_common.trainer_config import real_size_shape as _real_size_shape
 
 from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES as _KERNEL_OVERRIDES
 from qwen3_titan_nki_moe.trainer import NkiMoETrainer as _NkiMoETrainer
@@ -71,19 +72,6 @@ def _config(
     return config
 
 
-def _real_size_shape(name: str) -> _RunShape:
-    return _RunShape(
-        steps=1000,
-        seq_len=4096,
-        local_batch_size=1,
-        lr=3e-5,
-        warmup_steps=50,
-        checkpoint_interval=200,
-        dump_folder=f"./outputs/{BACKEND}-{name}",
-        log_freq=10,
-    )
-
-
 def debug_moe() -> _NkiMoETrainer.Config:
     """A tiny Qwen3-MoE (8 experts, top-2, 2 layers, about 5M parameters) on the embedded corpus."""
     shape = _RunShape(
@@ -103,17 +91,17 @@ def debug_moe() -> _NkiMoETrainer.Config:
 def qwen3_30b_a3b_4layers() -> _NkiMoETrainer.Config:
     """Qwen3-30B-A3B's shape (128 experts, top-8) cut to 4 layers, random init."""
     arch = _published_architecture("Qwen3-30B-A3B").with_changes(num_hidden_layers=4)
-    return _config(arch, "qwen3_30b_a3b_4layers", _real_size_shape("qwen3_30b_a3b_4layers"))
+    return _config(arch, "qwen3_30b_a3b_4layers", _real_size_shape(BACKEND, "qwen3_30b_a3b_4layers"))
 
 
 def qwen3_30b_a3b() -> _NkiMoETrainer.Config:
     """Qwen3-30B-A3B's shape (48 layers, 128 experts, top-8), random init."""
     return _config(
-        _published_architecture("Qwen3-30B-A3B"), "qwen3_30b_a3b", _real_size_shape("qwen3_30b_a3b")
+        _published_architecture("Qwen3-30B-A3B"), "qwen3_30b_a3b", _real_size_shape(BACKEND, "qwen3_30b_a3b")
     )
 
 
 def qwen3_nki_moe_config() -> _NkiMoETrainer.Config:
     """The recipe's config: Qwen3-30B-A3B with NKI kernels on Trainium, reference kernels elsewhere."""
     name = "qwen3_nki_moe_config"
-    return _config(_published_architecture("Qwen3-30B-A3B"), name, _real_size_shape(name))
+    return _config(_published_architecture("Qwen3-30B-A3B"), name, _real_size_shape(BACKEND, name))
