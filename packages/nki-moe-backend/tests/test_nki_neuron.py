@@ -82,8 +82,8 @@ def test_grouped_swiglu_kernel(dtype):
     w2 = (torch.randn(experts, dim, hidden, generator=g) * 0.05).to(dtype)
     grad = torch.randn(rows, dim, generator=g).to(dtype)
     inputs = (x, w1, w3, w2)
-    ref, gate_up = torch.ops.qwen3_titan.grouped_swiglu(*inputs, offsets)
-    want = torch.ops.qwen3_titan.grouped_swiglu_backward(grad, None, *inputs, offsets, gate_up)
+    ref, gate, up = torch.ops.qwen3_titan.grouped_swiglu(*inputs, offsets)
+    want = torch.ops.qwen3_titan.grouped_swiglu_backward(grad, None, None, *inputs, offsets, gate, up)
     dev = [t.to(DEVICE).requires_grad_() for t in inputs]
     got = nki_moe.grouped_swiglu(*dev, offsets.to(DEVICE))
     _close(got, ref, dtype)

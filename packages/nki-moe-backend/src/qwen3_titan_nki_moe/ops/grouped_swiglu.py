@@ -8,10 +8,10 @@ token dispatcher produces); for each group::
 All inputs share one dtype and the output has it too (the module casts the weights to the
 activations' dtype first). The reference runs its grouped GEMMs with ``torch._grouped_mm``
 where this device and dtype support it and with a per-expert loop elsewhere (see
-:func:`grouped_mm_plan`); gate and up run as one GEMM over the concatenated ``[E, 2F, D]``
-weight. The op also returns those pre-activation gate|up rows (``[R, 2F]``, fewer bytes than
-autograd would keep for the same math) so that its backward runs no GEMM twice; the NKI
-kernel recomputes them instead (on-chip memory, not FLOPs, is what it is short of).
+:func:`grouped_mm_plan`). The op also returns the pre-activation gate and up rows (``[R, F]``
+each, fewer bytes than autograd would keep for the same math) so that its backward runs no
+GEMM twice; the NKI kernel recomputes them instead (on-chip memory, not FLOPs, is what it is
+short of).
 :func:`reference` is the registry's function: the op's first output.
 """
 
@@ -115,60 +115,60 @@ def grouped_mm_weight_grad(a_RM: Tensor, b_RN: Tensor, offsets_E: Tensor) -> Ten
     return out_EMN
 
 
-def _gate_up_weight(w1_EFD: Tensor, w3_EFD: Tensor) -> Tensor:
-    # One [E, 2F, D] weight: the gate and up projections run as one grouped GEMM twice as wide,
-    # which is what keeps small-expert GEMMs efficient (and halves the GEMM count).
-    return torch.cat([w1_EFD, w3_EFD], dim=1)
-
-
 @torch.library.custom_op(f"{NAMESPACE}::grouped_swiglu", mutates_args=())
 def grouped_swiglu(
     x_RD: Tensor, w1_EFD: Tensor, w3_EFD: Tensor, w2_EDF: Tensor, offsets_E: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Returns ``(out_RD, gate_up_RG)``: the pre-activation gate|up rows are kept for the backward
-    (like flash attention's logsumexp), so it needs no GEMM recompute."""
-    gate_up_RG = grouped_mm(x_RD, _gate_up_weight(w1_EFD, w3_EFD).transpose(-2, -1), offsets_E)
-    gate_RF, up_RF = gate_up_RG.chunk(2, dim=-1)
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns ``(out_RD, gate_RF, up_RF)``: the pre-activation gate and up rows are kept for the
+    backward (like flash attention's logsumexp), so it needs no GEMM recompute."""
+    gate_RF = grouped_mm(x_RD, w1_EFD.transpose(-2, -1), offsets_E)
+    up_RF = grouped_mm(x_RD, w3_EFD.transpose(-2, -1), offsets_E)
     h_RF = F.silu(gate_RF) * up_RF
-    return grouped_mm(h_RF, w2_EDF.transpose(-2, -1), offsets_E), gate_up_RG
+    return grouped_mm(h_RF, w2_EDF.transpose(-2, -1), offsets_E), gate_RF, up_RF
 
 
 @grouped_swiglu.register_fake
 def _(x_RD, w1_EFD, w3_EFD, w2_EDF, offsets_E):
-    rows = x_RD.shape[0]
-    return x_RD.new_empty(rows, w2_EDF.shape[1]), x_RD.new_empty(rows, 2 * w1_EFD.shape[1])
+    rows, hidden = x_RD.shape[0], w1_EFD.shape[1]
+    return x_RD.new_empty(rows, w2_EDF.shape[1]), x_RD.new_empty(rows, hidden), x_RD.new_empty(rows, hidden)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::grouped_swiglu_backward", mutates_args=())
 def grouped_swiglu_backward(
     grad_RD: Tensor,
-    grad_gate_up_RG: Tensor | None,
+    grad_gate_RF: Tensor | None,
+    grad_up_RF: Tensor | None,
     x_RD: Tensor,
     w1_EFD: Tensor,
     w3_EFD: Tensor,
     w2_EDF: Tensor,
     offsets_E: Tensor,
-    gate_up_RG: Tensor,
+    gate_RF: Tensor,
+    up_RF: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    hidden = w1_EFD.shape[1]
-    w13_EGD = _gate_up_weight(w1_EFD, w3_EFD)
-    gate_RF, up_RF = gate_up_RG.chunk(2, dim=-1)
+    # Gate and up stay separate GEMMs: concatenating them would copy the [E, 2F, D] weight
+    # (as large as the GEMM's operands) on every call, more than the wider GEMM saves on CPU.
     silu_RF = F.silu(gate_RF)
     h_RF = silu_RF * up_RF
 
     dh_RF = grouped_mm(grad_RD, w2_EDF, offsets_E)
     dw2_EDF = grouped_mm_weight_grad(grad_RD, h_RF, offsets_E)
     # aten's own silu derivative, so the reference matches autograd through F.silu.
-    dgate_up_RG = torch.cat([torch.ops.aten.silu_backward(dh_RF * up_RF, gate_RF), dh_RF * silu_RF], dim=-1)
-    if grad_gate_up_RG is not None:  # only when a caller used the saved activations
-        dgate_up_RG = dgate_up_RG + grad_gate_up_RG
-    dx_RD = grouped_mm(dgate_up_RG, w13_EGD, offsets_E)
-    dw13_EGD = grouped_mm_weight_grad(dgate_up_RG, x_RD, offsets_E)
-    return dx_RD, dw13_EGD[:, :hidden].contiguous(), dw13_EGD[:, hidden:].contiguous(), dw2_EDF
+    dgate_RF = torch.ops.aten.silu_backward(dh_RF * up_RF, gate_RF)
+    dup_RF = dh_RF * silu_RF
+    if grad_gate_RF is not None:  # only when a caller used the saved activations
+        dgate_RF = dgate_RF + grad_gate_RF
+    if grad_up_RF is not None:
+        dup_RF = dup_RF + grad_up_RF
+    dx_RD = grouped_mm(dgate_RF, w1_EFD, offsets_E)
+    dx_RD += grouped_mm(dup_RF, w3_EFD, offsets_E)
+    dw1_EFD = grouped_mm_weight_grad(dgate_RF, x_RD, offsets_E)
+    dw3_EFD = grouped_mm_weight_grad(dup_RF, x_RD, offsets_E)
+    return dx_RD, dw1_EFD, dw3_EFD, dw2_EDF
 
 
 @grouped_swiglu_backward.register_fake
-def _(grad_RD, grad_gate_up_RG, x_RD, w1_EFD, w3_EFD, w2_EDF, offsets_E, gate_up_RG):
+def _(grad_RD, grad_gate_RF, grad_up_RF, x_RD, w1_EFD, w3_EFD, w2_EDF, offsets_E, gate_RF, up_RF):
     return (
         torch.empty_like(x_RD),
         torch.empty_like(w1_EFD),
@@ -179,15 +179,16 @@ def _(grad_RD, grad_gate_up_RG, x_RD, w1_EFD, w3_EFD, w2_EDF, offsets_E, gate_up
 
 def _setup_context(ctx, inputs, output) -> None:
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(*inputs, output[1])
+    ctx.save_for_backward(*inputs, output[1], output[2])
 
 
-def _backward(ctx, grad_RD, grad_gate_up_RG):
-    x_RD, w1_EFD, w3_EFD, w2_EDF, offsets_E, gate_up_RG = ctx.saved_tensors
+def _backward(ctx, grad_RD, grad_gate_RF, grad_up_RF):
+    saved = ctx.saved_tensors  # the op's inputs, then its gate and up outputs
+    x_RD, w2_EDF = saved[0], saved[3]
     if grad_RD is None:
         grad_RD = torch.zeros(x_RD.shape[0], w2_EDF.shape[1], dtype=x_RD.dtype, device=x_RD.device)
     dx, dw1, dw3, dw2 = torch.ops.qwen3_titan.grouped_swiglu_backward(
-        grad_RD.contiguous(), grad_gate_up_RG, x_RD, w1_EFD, w3_EFD, w2_EDF, offsets_E, gate_up_RG
+        grad_RD.contiguous(), grad_gate_RF, grad_up_RF, *saved
     )
     return dx, dw1, dw3, dw2, None
 
