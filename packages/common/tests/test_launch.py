@@ -22,6 +22,23 @@ def test_multi_node_flags_become_torchrun_rendezvous():
     assert plan.world_size == 256
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--nproc_per_node", "8", "--node_rank", "1", "--rdzv_endpoint", "h0:29400"],
+        ["--nproc_per_node=8", "--node_rank=1", "--rdzv_endpoint=h0:29400"],
+        ["--nproc-per-node", "8", "--node-rank", "1", "--rdzv-endpoint", "h0:29400"],
+    ],
+    ids=["torchrun-underscores", "torchrun-equals", "dashes"],
+)
+def test_torchrun_spellings_of_the_launcher_flags(flags):
+    _, plan = plan_launch(NATIVE, [*flags, "--nnodes", "2"])
+    args = plan.torchrun_args()
+    assert plan.nproc_per_node == 8 and plan.world_size == 16
+    assert "--node_rank=1" in args and args[args.index("--rdzv_endpoint") + 1] == "h0:29400"
+    assert not any(arg.startswith(("--nproc", "--node", "--rdzv")) for arg in plan.passthrough)
+
+
 def test_slurm_environment_is_used_when_flags_are_absent(monkeypatch):
     monkeypatch.setenv("SLURM_NNODES", "2")
     monkeypatch.setenv("SLURM_NODEID", "1")

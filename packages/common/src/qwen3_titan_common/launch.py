@@ -108,12 +108,25 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
         action="store_true",
         help="check the parallel layout, sharding and memory on this machine with a fake process group",
     )
-    p.add_argument("--nproc", type=int, default=None, help="ranks per node (default: the device count)")
-    p.add_argument("--nnodes", type=int, default=None, help="number of machines (default: 1, or Slurm's)")
-    p.add_argument("--node-rank", type=int, default=None, help="this machine's rank among --nnodes")
+    # torchrun's spellings are accepted too: its users type them.
     p.add_argument(
-        "--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous, needed with --nnodes > 1"
+        "--nproc",
+        "--nproc_per_node",
+        "--nproc-per-node",
+        dest="nproc",
+        type=int,
+        default=None,
+        help="ranks per node (default: the device count)",
     )
+    p.add_argument("--nnodes", type=int, default=None, help="number of machines (default: 1, or Slurm's)")
+    p.add_argument(
+        "--node-rank", "--node_rank", dest="node_rank", type=int, default=None,
+        help="this machine's rank among --nnodes",
+    )  # fmt: skip
+    p.add_argument(
+        "--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
+        help="HOST:PORT of the rendezvous, needed with --nnodes > 1",
+    )  # fmt: skip
     p.add_argument(
         "--hf-model",
         default=None,

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch.nn as nn
+from qwen3_titan_common.fsdp_comms import use_sum_reduction_on_gloo
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
 from torchtitan.config import TORCH_DTYPE_MAP, CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
@@ -114,12 +115,7 @@ def _apply_fsdp(
         enable_fsdp_symm_mem(model)
     # torchtitan scales the loss by the global token count itself.
     disable_fsdp_gradient_division(model)
-    if mesh.device_type == "cpu":
-        # With no division left, FSDP's PREMUL_SUM reduce-scatter is a plain sum, and gloo
-        # (CPU) implements only the latter: several CPU ranks then train too.
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
+    use_sum_reduction_on_gloo(model)
     logger.info(
         f"Applied FSDP2 to the transformers model: {len(model.model.layers)} decoder-layer groups + root "
         f"(embedding, norm, lm_head{', tied' if getattr(model, 'enable_weight_tying', False) else ''})"
