@@ -20,7 +20,8 @@ Each ``packages/*/pyproject.toml`` is one package (found afresh on every run). F
 4. ``pytest packages/<name>/tests`` there, with the root pyproject's pytest config (markers, ``-ra``)
    and ``--strict-markers``.
 
-Then the workspace environment (``uv run --locked --all-packages``): root ``tests/``, ``ruff check``,
+Then the workspace environment (``uv run --locked --all-packages``): root ``tests/`` (and the GPU
+benchmark's CPU-side checks, ``tools/gpu_bench/test_gpu_bench.py``), ``ruff check``,
 ``ruff format --check``. The closing line sums pytest's counts plus one check per import check and
 ruff command: ``N passed, N failed, N skipped``; the exit status is 1 when anything failed.
 Standard library only: the package jobs run it with ``uv run --no-project``, without the workspace.
@@ -172,11 +173,14 @@ def uv_environ(env_dir: Path) -> dict[str, str]:
     return env
 
 
-def pytest_command(python: list[str], target: str, junit: Path, pytest_args: list[str]) -> list[str]:
+def pytest_command(
+    python: list[str], target: str | tuple[str, ...], junit: Path, pytest_args: list[str]
+) -> list[str]:
     # -c/--rootdir: the root pyproject's config (markers, -ra, import mode) whichever folder is tested.
+    targets = (target,) if isinstance(target, str) else target
     return [
         *python, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(ROOT),
-        "--strict-markers", f"--junitxml={junit}", target, *pytest_args,
+        "--strict-markers", f"--junitxml={junit}", *targets, *pytest_args,
     ]  # fmt: skip
 
 
@@ -314,6 +318,10 @@ def run_package(package: Package, envs: Path, constraints: Constraints, pytest_a
     return result
 
 
+# Cross-package tests, and the GPU benchmark's logic checks (they need no GPU).
+WORKSPACE_TEST_PATHS = ("tests", "tools/gpu_bench/test_gpu_bench.py")
+
+
 def run_workspace(envs: Path, pytest_args: list[str], lint: bool) -> list[Result]:
     """Root tests/ and ruff, in the workspace environment with every package installed."""
     uv_run = ["uv", "run", "--locked", "--all-packages"]
@@ -322,12 +330,15 @@ def run_workspace(envs: Path, pytest_args: list[str], lint: bool) -> list[Result
 
     result = Result("workspace tests/")
     start = time.monotonic()
-    say("workspace: root tests/ in the workspace environment (uv run --locked --all-packages)")
-    if (ROOT / "tests").is_dir():
+    targets = tuple(path for path in WORKSPACE_TEST_PATHS if (ROOT / path).exists())
+    say(
+        f"workspace: {' '.join(targets) or 'no tests'} in the workspace environment (uv run --locked --all-packages)"
+    )
+    if targets:
         junit = envs / "junit-workspace.xml"
         junit.parent.mkdir(parents=True, exist_ok=True)
         junit.unlink(missing_ok=True)
-        status, output = stream(pytest_command([*uv_run, "python"], "tests", junit, pytest_args), environ)
+        status, output = stream(pytest_command([*uv_run, "python"], targets, junit, pytest_args), environ)
         count_pytest(result, status, output, junit)
     else:
         result.notes.append("no tests/ folder")
