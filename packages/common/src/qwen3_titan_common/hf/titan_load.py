@@ -76,8 +76,19 @@ class _LayerAssembler:
 
 
 def load_hf_into_titan(
-    model, model_config, adapter_cls, model_dir: HFModelDir, dtype: torch.dtype | None
+    model,
+    model_config,
+    adapter_cls,
+    model_dir: HFModelDir,
+    dtype: torch.dtype | None,
+    expected_keys: set[str] | None = None,
 ) -> None:
+    """Loads the directory's weights into ``model`` (its state-dict keys: ``expected_keys``, if known).
+
+    Listing a materialised model's keys runs torchtitan's state-dict hooks, which split the
+    fused q/k/v weights (a copy of every attention weight): callers that built the model on
+    the meta device pass the keys they listed there instead.
+    """
     from qwen3_titan_common.hf.expected_keys import expected_hf_shapes
 
     # Converted piece by piece, so the tie (lm_head filled from the embedding) is the
@@ -85,7 +96,7 @@ def load_hf_into_titan(
     untied_config = dataclasses.replace(model_config, enable_weight_tying=False)
     adapter = adapter_cls(untied_config, None)
     arch = model_dir.architecture
-    expected = set(model.state_dict())
+    expected = expected_keys if expected_keys is not None else set(model.state_dict())
     loaded: set[str] = set()
     assembler = _LayerAssembler(expected_hf_shapes(arch))
     for shard in iter_hf_shards(model_dir, dtype):
@@ -121,6 +132,7 @@ def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32,
         layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=seq_len)
     with torch.device("meta"):
         model = model_config.build()
+    expected_keys = set(model.state_dict())  # on meta: no data is split or copied
     # Parameters get storage they never touch (so it is never resident) and are then
     # replaced by the checkpoint's tensors; only computed buffers (RoPE caches) are
     # initialised here, which skips a random init of the whole model.
@@ -128,5 +140,5 @@ def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32,
     for module in model.modules():
         if hasattr(module, "_init_self_buffers"):
             module._init_self_buffers(buffer_device=None)
-    load_hf_into_titan(model, model_config, spec.state_dict_adapter, model_dir, dtype)
+    load_hf_into_titan(model, model_config, spec.state_dict_adapter, model_dir, dtype, expected_keys)
     return model.eval()
