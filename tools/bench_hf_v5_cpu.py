@@ -28,59 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TRAIN = str(Path(sys.executable).with_name("train"))
-QUIET = ["--checkpoint.no-enable", "--hf.no-export"]
-
-
-def trainer_tokens_per_second(backend: str, steps: int, extra: list[str]) -> float:
-    from qwen3_titan_common.train_log import parse_step_lines
-
-    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": backend}
-    with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            [TRAIN, "--training.steps", str(steps), *QUIET, "--dump_folder", tmp, *extra],
-            env=env, capture_output=True, text=True, cwd=tmp,
-        )  # fmt: skip
-    if out.returncode != 0:
-        raise RuntimeError(f"{backend}: train failed\n{out.stderr[-3000:]}")
-    lines = parse_step_lines(out.stdout + out.stderr)
-    return statistics.median(s.tokens_per_second for s in lines[len(lines) // 4 :])
-
-
-def transformers_loop(steps: int, autocast_bf16: bool) -> float:
-    """A plain training loop over the debug config.json as transformers' Qwen3ForCausalLM."""
-    import torch
-    from qwen3_titan_common.assets import default_architecture
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    source = dict(default_architecture().source)
-    config = AutoConfig.for_model(source.pop("model_type"), **source)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
-    batch, seq = 8, 256
-    tokens = torch.randint(0, config.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
-    rates = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast_bf16):
-            logits = model(input_ids=tokens[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad()
-        rates.append(batch * seq / (time.perf_counter() - start))
-    return statistics.median(rates[len(rates) // 4 :])
-
-
-def _loop_in_subprocess(steps: int, autocast_bf16: bool) -> float:
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_hf_v5_cpu as b; "
-        f"print(json.dumps(b.transformers_loop({steps}, {autocast_bf16!r})))"
-    )
-    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+from bench_dense_common import trainer_tokens_per_second, transformers_loop_in_subprocess
 
 
 def paired_steps(steps: int, mixed_precision_param: str) -> float:
@@ -160,8 +108,8 @@ def main() -> int:
     for _ in range(args.repeats):
         runs["native"].append(trainer_tokens_per_second("native-backend", args.steps, extra))
         runs["hf_v5"].append(trainer_tokens_per_second("hf-v5-backend", args.steps, extra))
-        runs["plain_fp32"].append(_loop_in_subprocess(args.steps, False))
-        runs["plain_bf16_autocast"].append(_loop_in_subprocess(args.steps, True))
+        runs["plain_fp32"].append(transformers_loop_in_subprocess(args.steps, False))
+        runs["plain_bf16_autocast"].append(transformers_loop_in_subprocess(args.steps, True))
     figures = {name: _summary(values) for name, values in runs.items()}
     precision = "fp32" if args.fp32 else "bf16 mixed precision"
     print(f"CPU, debug model (batch 8 x seq 256), tokens/s over {args.repeats} runs: median (min-max)")
