@@ -21,6 +21,7 @@ from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig as _HFCheckpoint
 from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
 from qwen3_titan_common.trainer_config import RunShape as _RunShape
 from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
+from qwen3_titan_common.trainer_config import debug_shape as _debug_shape
 from qwen3_titan_common.trainer_config import real_size_shape as _real_size_shape
 
 from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES as _KERNEL_OVERRIDES
@@ -74,16 +75,8 @@ def _config(
 
 def debug_moe() -> _NkiMoETrainer.Config:
     """A tiny Qwen3-MoE (8 experts, top-2, 2 layers, about 5M parameters) on the embedded corpus."""
-    shape = _RunShape(
-        steps=20,
-        seq_len=256,
-        local_batch_size=8,
-        lr=3e-3,
-        warmup_steps=3,
-        checkpoint_interval=20,
-        dump_folder=f"./outputs/{BACKEND}-debug",
-        activation_checkpointing=False,
-    )
+    # The dense debug run's shape, 20 steps: enough for the MoE's loss to fall.
+    shape = dataclasses.replace(_debug_shape(BACKEND, "debug"), steps=20, checkpoint_interval=20)
     arch = _architecture_from_config(DEBUG_MOE_CONFIG, where="debug_moe config")
     return _config(arch, "debug_moe", shape)
 
