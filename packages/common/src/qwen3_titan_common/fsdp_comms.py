@@ -2,7 +2,7 @@
 
 torchtitan turns FSDP's gradient division off (it scales the loss by the global token count
 itself), so each reduce-scatter is a plain sum in effect; FSDP2 still issues it as
-``ReduceOp.PREMUL_SUM``, which gloo does not implement ("unsupported reduction operation"
+``ReduceOp.PREMUL_SUM``, which gloo does not implement ("Cannot use ReduceOp.PREMUL_SUM with Gloo"
 on the first backward of a multi-rank CPU run). Forcing ``SUM`` changes nothing numerically.
 """
 

@@ -32,6 +32,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.fsdp_comms import use_sum_reduction_on_gloo
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, ExportSpec, export_hf_dir, parse_size
@@ -79,6 +80,8 @@ class Qwen3Trainer(Trainer):
         self._export_dtype = _export_dtype(config, self._start)
         self._max_shard_bytes = parse_size(config.hf.max_shard_size)
         super().__init__(config)
+        for part in self.model_parts:  # whatever the backend's parallelize function built
+            use_sum_reduction_on_gloo(part)
         self._use_flops_convention(config)
         self._guard_checkpoint_disk()
         if config.hf.export and len(self.model_parts) != 1:

@@ -33,7 +33,6 @@ from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_common.architecture import Qwen3Architecture
-from qwen3_titan_common.fsdp_comms import use_sum_reduction_on_gloo
 from qwen3_titan_common.titan_experts import ActivationDtypeGroupedExperts
 
 INIT_STD = 0.02
@@ -150,19 +149,12 @@ def titan_qwen3_model_config(arch: Qwen3Architecture) -> Qwen3Model.Config:
     )
 
 
-def parallelize_titan_qwen3(model: Qwen3Model, **kwargs) -> Qwen3Model:
-    """torchtitan's Qwen3 parallelisation, with gradient reduction that gloo can run (CPU ranks)."""
-    model = parallelize_qwen3(model, **kwargs)
-    use_sum_reduction_on_gloo(model)
-    return model
-
-
 def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
     return ModelSpec(
         name="qwen3",
         flavor=flavor,
         model=titan_qwen3_model_config(arch),
-        parallelize_fn=parallelize_titan_qwen3,
+        parallelize_fn=parallelize_qwen3,
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
         state_dict_adapter=Qwen3StateDictAdapter,

@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch.nn as nn
-from qwen3_titan_common.fsdp_comms import use_sum_reduction_on_gloo
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
@@ -115,7 +114,6 @@ def _apply_fsdp(
         enable_fsdp_symm_mem(model)
     # torchtitan scales the loss by the global token count itself.
     disable_fsdp_gradient_division(model)
-    use_sum_reduction_on_gloo(model)
     logger.info(
         f"Applied FSDP2 to the transformers model: {len(model.model.layers)} decoder-layer groups + root "
         f"(embedding, norm, lm_head{', tied' if getattr(model, 'enable_weight_tying', False) else ''})"
