@@ -79,13 +79,19 @@ def titan_model(config: dict, device, dtype):
     return model.to(dtype)
 
 
-def hf_model(config: dict, device, dtype, experts: str = "eager"):
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+def hf_config(config: dict, experts: str, **settings):
+    """transformers' Qwen3MoeConfig for the shape's config.json, with these experts and settings."""
+    from transformers import Qwen3MoeConfig
 
     fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
-    hf_config = Qwen3MoeConfig(**fields, attn_implementation="eager", experts_implementation=experts)
+    return Qwen3MoeConfig(**fields, experts_implementation=experts, **settings)
+
+
+def hf_model(config: dict, device, dtype, experts: str = "eager"):
+    from transformers import Qwen3MoeForCausalLM
+
     torch.manual_seed(0)
-    return Qwen3MoeForCausalLM(hf_config).to(device, dtype)
+    return Qwen3MoeForCausalLM(hf_config(config, experts, attn_implementation="eager")).to(device, dtype)
 
 
 def _sync(device):
@@ -164,14 +170,11 @@ def full_model(args, config, device, ours_precision: str, theirs_precision: str,
 
 
 def moe_layers(args, config, device, dtype, experts: str = "eager"):
-    from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     ours = titan_model({**config, "num_hidden_layers": 1}, device, dtype).layers["0"].moe
-    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
-    hf_config = Qwen3MoeConfig(**fields, experts_implementation=experts)
     torch.manual_seed(0)
-    theirs = Qwen3MoeSparseMoeBlock(hf_config).to(device, dtype)
+    theirs = Qwen3MoeSparseMoeBlock(hf_config(config, experts)).to(device, dtype)
     for p in theirs.parameters():
         torch.nn.init.normal_(p, std=0.02)
     g = torch.Generator().manual_seed(1)
