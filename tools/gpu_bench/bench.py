@@ -53,6 +53,9 @@ from qwen3_titan_common.perf.peaks import peak_flops  # noqa: E402
 from qwen3_titan_common.published import published_architecture  # noqa: E402
 from qwen3_titan_common.train_log import parse_step_lines  # noqa: E402
 
+sys.path.insert(0, HERE)
+import trace_summary  # noqa: E402
+
 GIB = 2**30
 
 # The anchor run (shared gpu-anchor harness, results-2026-11-29/summary.txt; H200, torch 2.11,
@@ -101,6 +104,7 @@ class Part:
     module: str = ""  # torchtitan --module; "" = the transformers loop
 
 
+NO_RESHARD = ("--parallelism.fsdp_reshard_after_forward", "never")
 PARTS = (
     Part("native-compile", "native-backend", "native compile", "1.7B", "qwen3_1_7b", "debug",
          ("--compile.enable",), 110, 50, "B compile", "qwen3_titan_native"),
@@ -116,6 +120,15 @@ PARTS = (
          "B eager", "qwen3_titan_native"),
     Part("hf_v5-eager", "hf-v5-backend", "hf-v5 eager", "1.7B", "qwen3_1_7b", "debug", (), 70, 35,
          "A eager", "qwen3_titan_hf_v5"),
+    # Variants, run when time is left: one rank needs no resharding after forward (the backward then
+    # skips a second fp32 -> bf16 copy of every weight, for the bf16 weights' memory).
+    Part("native-compile-noreshard", "native-backend", "native compile, no reshard", "1.7B", "qwen3_1_7b",
+         "debug", ("--compile.enable", *NO_RESHARD), 80, 50, "B compile", "qwen3_titan_native"),
+    Part("hf_v5-compile-noreshard", "hf-v5-backend", "hf-v5 compile, no reshard", "1.7B", "qwen3_1_7b",
+         "debug", ("--compile.enable", *NO_RESHARD), 80, 50, "A compile-regional", "qwen3_titan_hf_v5"),
+    Part("nki_moe-compile-noreshard", "nki-moe-backend", "nki-moe ref compile, no reshard", "30B-A3B x4",
+         "qwen3_30b_a3b_4layers", "debug_moe", ("--kernels", "reference", "--compile.enable", *NO_RESHARD),
+         90, 50, "D compile", "qwen3_titan_nki_moe"),
 )  # fmt: skip
 
 # Modules every run needs (the wheels), and each backend's config registry (our packages).
@@ -134,6 +147,7 @@ class Mode:
     seq: int
     steps: int
     warmup_steps: int  # step lines before the steady ones
+    steady_last: int  # the last steady step; the profiled steps come after it
     hf_warmup: int
     hf_steps: int
     cap_scale: float
@@ -142,8 +156,16 @@ class Mode:
     @classmethod
     def make(cls, tiny: bool, steps: int | None, device: str | None) -> Mode:
         if tiny:
-            return cls(True, 2, 128, steps or 5, 2, 1, 3, 4.0, device or "cpu")
-        return cls(False, 2, 4096, steps or 15, 5, 3, 10, 1.0, device or "cuda")
+            steps = steps or 6
+            return cls(True, 2, 128, steps, 2, steps - 2, 1, 3, 4.0, device or "cpu")
+        steps = steps or 18
+        return cls(False, 2, 4096, steps, 5, steps - 4, 3, 10, 1.0, device or "cuda")
+
+    @property
+    def profile_freq(self) -> int:
+        """torchtitan's profiler schedule (wait, 1 warm-up, 2 active): warm-up on step ``steps - 3``, trace
+        steps ``steps - 2`` and ``steps - 1`` (written after the latter); the last step pays for the write."""
+        return self.steps - 1
 
 
 @dataclass
@@ -388,6 +410,7 @@ _FLOPS_LINE = re.compile(
     r"\[metrics\] [\d.]+ GFLOP per token: 6 x ([\d,]+) matmul parameters \+ ([\d,]+) attention"
 )
 _SHIM_LINE = re.compile(r"\[gpu-bench compat\] torch \S+: applied (.+)")
+PROFILE_FOLDER = "profile"
 _KERNEL_LINE = re.compile(r"\[kernels\] (\w+): (\w+) \(([^)]*)")
 _ERROR_LINE = re.compile(r"^(?:\S*\.)?(\w*(?:Error|Exception)): (.+)$", re.M)
 
@@ -398,6 +421,9 @@ def titan_args(part: Part, mode: Mode, dump: str, no_cuda_graphs: bool) -> list[
     args += ["--training.steps", str(mode.steps), "--checkpoint.no-enable", "--hf.no-export"]
     args += ["--metrics.log_freq", "1", "--metrics.no-enable-tensorboard", "--dump_folder", dump]
     args += list(part.flags)
+    args += ["--profiler.enable_profiling", "--profiler.profile_freq", str(mode.profile_freq)]
+    args += ["--profiler.profiler_warmup", "1", "--profiler.profiler_active", "2"]
+    args += ["--profiler.save_traces_folder", PROFILE_FOLDER]
     if no_cuda_graphs:
         args.append("--training.disable_cuda_graphs")
     return [*args, "activation-checkpoint:none"]  # tyro subcommand: no activation checkpointing
@@ -407,7 +433,7 @@ def parse_titan_run(row: Row, log_text: str, status: dict, mode: Mode) -> None:
     steps = parse_step_lines(log_text)
     row.per_step_tps = [s.tokens_per_second for s in steps]
     row.losses = [s.loss for s in steps]
-    steady = [s for s in steps if s.step > mode.warmup_steps]
+    steady = [s for s in steps if mode.warmup_steps < s.step <= mode.steady_last]
     if steps and len(steady) < 2:
         steady = steps[len(steps) // 2 :]
         row.note = _join(row.note, "few steps: steady = second half")
@@ -475,6 +501,7 @@ def run_titan_part(part: Part, mode: Mode, python: str, env: dict, work: str, lo
         with open(status_path) as f:
             status = json.load(f)
     parse_titan_run(row, text, status, mode)
+    attach_profile(row, os.path.join(work, "dump", row.part))
     if "Training starts" in text and "stage" not in status:
         status["stage"] = "train"
     row.extra["stage"] = status.get("stage", "setup")
@@ -492,6 +519,29 @@ def run_titan_part(part: Part, mode: Mode, python: str, env: dict, work: str, lo
         row.status = "error"
         row.note = _join(row.note, _error_text(status, text) or f"exit {rc}")
     return row
+
+
+def attach_profile(row: Row, dump: str) -> None:
+    """torchtitan's profiler trace of the run, summarised into ``row.extra["profile"]`` (trace kept in work)."""
+    traces = sorted(glob.glob(os.path.join(dump, PROFILE_FOLDER, "iteration_*", "rank0_trace.json*")))
+    if not traces:
+        return
+    try:
+        row.extra["profile"] = trace_summary.summarise_file(traces[-1]).to_dict()
+    except Exception as err:  # a damaged trace must not cost the row its figures
+        row.extra["profile_error"] = f"{type(err).__name__}: {err}"
+
+
+def profile_report(rows: list[Row]) -> list[str]:
+    lines = ["## Profiles (torchtitan's profiler, the last two steps before the final one)", ""]
+    for row in rows:
+        found = row.extra.get("profile")
+        if found:
+            summary = trace_summary.TraceSummary(**{k: v for k, v in found.items() if k != "busy_pct"})
+            lines += [*trace_summary.markdown(f"{row.label} ({row.model})", summary), ""]
+        elif row.extra.get("profile_error"):
+            lines += [f"#### {row.label}: profile unreadable: {row.extra['profile_error']}", ""]
+    return lines
 
 
 def titan_summary(row: Row, mode: Mode) -> str:
@@ -741,7 +791,10 @@ def select_parts(opts) -> list[Part]:
         raise SystemExit(
             f"gpu-bench: unknown part(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
         )
-    return [p for p in PARTS if (not only or p.id in only) and p.id not in skip]
+    if opts.only:  # in the order given: the first ones get the time
+        by_id = {p.id: p for p in PARTS}
+        return [by_id[x] for x in dict.fromkeys(opts.only.split(",")) if x and x not in skip]
+    return [p for p in PARTS if p.id not in skip]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -852,6 +905,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(report), flush=True)
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(report).lstrip("\n") + "\n")
+    with open(os.path.join(out, "profiles.md"), "w") as f:
+        f.write("\n".join(profile_report(rows)) + "\n")
     result = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "mode": "tiny" if mode.tiny else "full",

@@ -28,6 +28,7 @@ def _load(name: str, path: str):
 
 bench = _load("gpu_bench_driver", os.path.join(HERE, "bench.py"))
 shims = _load("gpu_bench_shims_under_test", os.path.join(HERE, "compat", "gpu_bench_shims.py"))
+trace_summary = _load("gpu_bench_trace_summary", os.path.join(HERE, "trace_summary.py"))
 
 FULL = bench.Mode.make(tiny=False, steps=None, device=None)
 
@@ -63,7 +64,8 @@ def test_flops_check_explains_the_anchor_difference():
 
 
 def test_parse_cuda_run_takes_the_harmonic_mean_after_warmup():
-    tps = [722, 18_019] + [36_000, 36_400, 36_800] * 4 + [36_500]
+    # steps 1-2 compile and capture, 6-14 are steady, 15-17 run under the profiler, 18 pays for its write
+    tps = [722, 18_019] + [36_000, 36_400, 36_800] * 4 + [36_500, 30_000, 30_100, 20_000]
     row = bench.Row("native-compile", "native-backend", "native compile", "1.7B")
     status = {
         "ok": True,
@@ -72,8 +74,8 @@ def test_parse_cuda_run_takes_the_harmonic_mean_after_warmup():
         "shims": ["torch.distributed.set_timeout"],
     }
     bench.parse_titan_run(row, _log("$ tt_run.py -- --compile.enable", tps), status, FULL)
-    steady = tps[5:]
-    assert row.steady_steps == "6-15"
+    steady = tps[5:14]
+    assert row.steady_steps == "6-14"
     assert row.tps == pytest.approx(len(steady) / sum(1 / t for t in steady))
     assert row.flops_per_token == 13_141_278_720
     assert row.first_step_s == pytest.approx(2 * 4096 / 722, abs=0.01)
@@ -109,7 +111,7 @@ def test_cuda_graph_failure_in_training_is_retried_once(monkeypatch, tmp_path, c
             row.note = "RuntimeError: operation not permitted when stream is capturing"
         else:
             row.status, row.tps, row.cuda_graphs = "ok", 40_000.0, "off" if no_cuda_graphs else "on"
-            row.flops_per_token, row.peak_allocated_gib, row.steady_steps = 13_141_278_720, 47.0, "6-15"
+            row.flops_per_token, row.peak_allocated_gib, row.steady_steps = 13_141_278_720, 47.0, "6-14"
             if part.model != "1.7B":
                 row.flops_per_token = 4_037_541_888
         return row
@@ -138,6 +140,9 @@ def test_cuda_graph_failure_in_training_is_retried_once(monkeypatch, tmp_path, c
         ("nki_moe-compile", False),
         ("native-eager", False),
         ("hf_v5-eager", True),  # later runs of that backend keep CUDA graphs off
+        ("native-compile-noreshard", False),
+        ("hf_v5-compile-noreshard", True),
+        ("nki_moe-compile-noreshard", False),
     ]
     result = json.loads((tmp_path / "out" / "gpu_bench.json").read_text())
     labels = [r["label"] for r in result["rows"]]
@@ -170,3 +175,53 @@ def test_shims_patch_only_what_is_missing(monkeypatch):
     monkeypatch.setattr(shims, "_state", {"done": False})
     monkeypatch.setattr(shims, "APPLIED", [])
     assert shims.apply(quiet=True) == []  # nothing missing any more: nothing patched
+
+
+def test_trace_summary_sorts_kernels_and_measures_idle_time():
+    step = {"ph": "X", "cat": "user_annotation"}
+    events = [
+        {**step, "name": "ProfilerStep#15", "ts": 0, "dur": 100_000},
+        {**step, "name": "ProfilerStep#16", "ts": 100_000, "dur": 100_000},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 5},
+        # the same steps again on another host thread and on the device's timeline: counted once
+        {**step, "name": "ProfilerStep#15", "ts": 5, "dur": 90_000},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "ProfilerStep#16", "ts": 100_000, "dur": 150_000},
+    ]
+    kernels = [
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 0, 60_000),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>", 60_000, 20_000),
+        ("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", 80_000, 5_000),
+        (
+            "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>",
+            110_000,
+            40_000,
+        ),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 150_000, 30_000),
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 170_000, 10_000),  # overlaps the previous one
+    ]
+    events += [{"ph": "X", "cat": "kernel", "name": n, "ts": t, "dur": d} for n, t, d in kernels]
+    summary = trace_summary.summarise(events)
+    assert summary.steps == [16, 17]
+    assert summary.wall_ms_per_step == 100.0
+    assert summary.kernel_ms_per_step == 82.5 and summary.busy_ms_per_step == 77.5
+    assert summary.by_category_ms == {
+        "GEMM": 50.0, "optimizer (AdamW)": 20.0, "attention": 10.0, "compiled (triton)": 2.5,
+    }  # fmt: skip
+    assert summary.top_kernels[0] == ("nvjet_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 50.0, 1.5)
+    table = "\n".join(trace_summary.markdown("native compile", summary))
+    assert "| device idle | 22.50 | 22.5 |" in table
+
+
+def test_trace_categories_of_real_kernel_names():
+    expect = {
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1": "GEMM",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3": "attention",
+        "void cutlass::device_kernel<at::cuda::detail::GroupProblemShape>": "grouped GEMM (experts)",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::bfloat16_copy_kernel_cuda>": "copies and casts",
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>": "cross-entropy / softmax (eager)",
+        "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL": "NCCL",
+        "triton_poi_fused_silu_mul_3": "compiled (triton)",
+        "something_new": "other",
+    }
+    for name, label in expect.items():
+        assert trace_summary.category(name) == label, name

@@ -200,3 +200,36 @@ def test_config_functions_and_the_recipe_entry_point():
     assert config_registry.debug_moe().architecture.vocab_size == 4096
     (recipe,) = entry_points(group="qwen3_titan.recipes", name="v5_qwen3_4b")
     assert recipe.load() is config_registry.v5_qwen3_4b
+
+
+def test_cuda_graphs_go_off_for_flex_attention_only(monkeypatch):
+    from qwen3_titan_hf_v5.config_registry import debug
+    from qwen3_titan_hf_v5.trainer import HFv5Trainer
+    from torchtitan.tools import utils as titan_utils
+
+    monkeypatch.setattr(titan_utils, "device_type", "cuda")
+    for attention, graphs_off in (("sdpa", False), ("flex", True)):
+        config = debug()
+        config.hf_v5.attention = attention
+        HFv5Trainer.keep_cuda_graphs_capturable(config)
+        assert config.training.disable_cuda_graphs is graphs_off, attention
+
+
+def test_sdpa_attention_is_causal_over_the_whole_row_without_a_mask():
+    # The registered implementation gets no mask from transformers (so nothing differs between a CUDA
+    # graph capture and a plain step) and matches plain causal SDPA.
+    import torch
+    from qwen3_titan_hf_v5.attention import CAUSAL_SDPA
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        "qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    ours = AutoModelForCausalLM.from_config(config, attn_implementation=CAUSAL_SDPA).eval()
+    reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    reference.load_state_dict(ours.state_dict())
+    tokens = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        assert torch.allclose(ours(tokens).logits, reference(tokens).logits, atol=1e-5)

@@ -100,23 +100,3 @@ def test_untied_on_purpose_exports_its_trained_lm_head(tmp_path):
     model = _loads_completely(export)
     assert model.lm_head.weight is not model.model.embed_tokens.weight
     _verified(export)
-
-
-@pytest.mark.slow
-@pytest.mark.cuda
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU: flex attention trains on CUDA only"
-)
-def test_flex_attention_trains_on_cuda_like_sdpa(tmp_path):
-    source = make_tiny_checkpoint(tmp_path / "tiny")
-    exact = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
-    losses = {}
-    for attention in ("sdpa", "flex"):
-        log = _train(
-            "--hf-model", str(source), "--hf_v5.attention", attention, "--training.steps", "3",
-            "--hf.no-export", "--dump_folder", str(tmp_path / attention), *exact, cwd=tmp_path, env=ENV,
-        )  # fmt: skip
-        assert "device: cuda" in log
-        losses[attention] = [s.loss for s in parse_step_lines(log)]
-    assert len(losses["flex"]) == 3
-    assert all(abs(a - b) <= 2e-3 for a, b in zip(losses["sdpa"], losses["flex"], strict=True))

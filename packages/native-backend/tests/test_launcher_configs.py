@@ -37,3 +37,16 @@ def test_list_configs_shows_names_and_summaries(capsys):
         "debug", "qwen3_0_6b", "qwen3_1_7b", "qwen3_4b", "qwen3_8b", "native_qwen3_4b",
     ]  # fmt: skip
     assert "Qwen3-4B-Instruct-2507" in lines[-1]
+
+
+def test_real_size_configs_compile_on_cuda_and_the_tiny_one_never(monkeypatch):
+    # The fastest measured configuration on an H200 (docs/performance.md) is per-block compile.
+    from qwen3_titan_common import device
+    from qwen3_titan_native import config_registry
+
+    for kind, compiled in (("cuda", True), ("cpu", False), ("neuron", False)):
+        info = device.DeviceInfo(kind, 1, device.DIST_BACKENDS[kind], kind, "test")
+        monkeypatch.setattr(device, "detect_device", lambda info=info: info)
+        assert config_registry.qwen3_1_7b().compile.enable is compiled, kind
+        assert config_registry.native_qwen3_4b().compile.enable is compiled, kind
+        assert config_registry.debug().compile.enable is False, kind

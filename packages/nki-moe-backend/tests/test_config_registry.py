@@ -75,3 +75,26 @@ def test_kernels_is_a_torchtitan_flag():
         ]
     )
     assert config.kernels == "reference" and config.training.steps == 3
+
+
+def test_cuda_graphs_go_off_only_where_the_experts_loop_on_the_host(monkeypatch):
+    # On an sm90 GPU the reference grouped GEMM runs torch._grouped_mm in bf16 (capturable) and a
+    # per-expert loop that reads row counts on the host otherwise (seen failing a capture on an H200).
+    import torch
+    from qwen3_titan_nki_moe.config_registry import debug_moe
+    from qwen3_titan_nki_moe.trainer import NkiMoETrainer
+    from torchtitan.tools import utils as titan_utils
+
+    monkeypatch.setattr(titan_utils, "device_type", "cuda")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    for dtype, graphs_off in (("bfloat16", False), ("float32", True)):
+        config = debug_moe()
+        config.training.mixed_precision_param = dtype
+        NkiMoETrainer.keep_cuda_graphs_capturable(config)
+        assert config.training.disable_cuda_graphs is graphs_off, dtype
+    monkeypatch.setattr(titan_utils, "device_type", "cpu")
+    config = debug_moe()
+    config.training.mixed_precision_param = "float32"
+    NkiMoETrainer.keep_cuda_graphs_capturable(config)
+    assert config.training.disable_cuda_graphs is False  # no CUDA graphs on a CPU anyway

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import tyro
 from torch.distributed.tensor import DTensor
 from torchtitan.protocols.model_spec import ModelSpec
+from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
@@ -77,6 +78,7 @@ class Qwen3Trainer(Trainer):
 
         self._start = _prepare_start(config)
         check_before_start(config)
+        self.keep_cuda_graphs_capturable(config)
         self._export_dtype = _export_dtype(config, self._start)
         self._max_shard_bytes = parse_size(config.hf.max_shard_size)
         super().__init__(config)
@@ -88,6 +90,25 @@ class Qwen3Trainer(Trainer):
             raise CheckpointError(
                 "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
             )
+
+    @classmethod
+    def cuda_graph_blocker(cls, config: Config) -> str | None:
+        """Why this run's forward and backward cannot be captured in a CUDA graph, or None.
+
+        torchtitan captures them by default; a backend whose step syncs with the host (a loop over
+        data-dependent sizes, a mask built on the host) names the reason here.
+        """
+        return None
+
+    @classmethod
+    def keep_cuda_graphs_capturable(cls, config: Config) -> None:
+        """Turn torchtitan's CUDA graphs off, with one log line, where :meth:`cuda_graph_blocker` names a reason."""
+        if titan_utils.device_type != "cuda" or config.training.disable_cuda_graphs:
+            return
+        reason = cls.cuda_graph_blocker(config)
+        if reason is not None:
+            config.training.disable_cuda_graphs = True
+            logger.info(f"[cuda graphs] off for this run: {reason}")
 
     def _use_flops_convention(self, config: Config) -> None:
         """Replace torchtitan's per-model FLOPs count with the shared one (perf/flops.py)."""

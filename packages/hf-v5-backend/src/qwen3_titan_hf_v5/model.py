@@ -23,10 +23,9 @@ import torch.nn as nn
 from torchtitan.protocols.model import BaseModel
 from torchtitan.tools import utils as titan_utils
 
+from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS
 from qwen3_titan_hf_v5.parallelize import check_parallelism
 
-# --hf_v5.attention -> transformers' attn_implementation.
-ATTENTION_IMPLEMENTATIONS = {"sdpa": "sdpa", "flex": "flex_attention"}
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 INIT_STD = 0.02
@@ -147,8 +146,8 @@ class HFCausalLM(BaseModel):
         return self.model.embed_tokens
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens (B, L) -> logits (B, L, vocab). With positions (per-document, restarting after EOS),
-        # transformers also masks attention across documents.
+        # tokens (B, L) -> logits (B, L, vocab). Positions (per-document, restarting after EOS) set RoPE,
+        # and under flex attention also mask attention across documents (attention.py).
         hidden_BLD = self.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state
         if self._skip_lm_head:
             return hidden_BLD

@@ -28,3 +28,9 @@ class HFv5Trainer(Qwen3Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Qwen3Trainer.Config):
         hf_v5: HFv5Options = field(default_factory=HFv5Options)
+
+    @classmethod
+    def cuda_graph_blocker(cls, config: Config) -> str | None:
+        if config.hf_v5.attention == "flex":
+            return "--hf_v5.attention flex: transformers builds the flex block mask on the host at every step"
+        return None

@@ -40,6 +40,20 @@ class NkiMoETrainer(Qwen3Trainer):
         prepare_kernels(config)
         super().__init__(config)
 
+    @classmethod
+    def cuda_graph_blocker(cls, config: Config) -> str | None:
+        import torch
+        from torchtitan.config import TORCH_DTYPE_MAP
+
+        from qwen3_titan_nki_moe.ops.grouped_swiglu import grouped_mm_plan
+
+        # Under FSDP mixed precision the experts compute in the parameter dtype.
+        dtype = TORCH_DTYPE_MAP[config.training.mixed_precision_param]
+        grouped, how = grouped_mm_plan(torch.device("cuda", torch.cuda.current_device()), dtype)
+        if grouped:
+            return None
+        return f"the routed experts' reference kernel reads each expert's row count on the host ({how})"
+
 
 def _effective_model_config(config) -> object:
     """The config as the run will build it: ``--hf.model_dir``'s architecture replaces the default."""
