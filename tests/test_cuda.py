@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from qwen3_titan_common.assets import default_model_dir, default_tokenizer_dir
-from qwen3_titan_common.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 pytestmark = [
     pytest.mark.cuda,

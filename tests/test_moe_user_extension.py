@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -1,7 +1,7 @@
 """Every backend trains with several CPU ranks (gloo), through the real launcher.
 
 FSDP2 issues its gradient reduce-scatter as ReduceOp.PREMUL_SUM, which gloo lacks; the shared
-trainer switches it to a plain sum on gloo (qwen3_titan_common.fsdp_comms). One rank never
+trainer switches it to a plain sum on gloo (qwen3_titan_common.train.fsdp_comms). One rank never
 reduces, so only a multi-rank run catches a path that misses the switch.
 """
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 STEPS = 6

@@ -63,7 +63,7 @@ def pipeline_rate(dataset: str, batches: int) -> float:
 
 
 def model_rate(steps: int) -> float:
-    from qwen3_titan_common.train_log import parse_step_lines
+    from qwen3_titan_common.perf.train_log import parse_step_lines
 
     with tempfile.TemporaryDirectory() as tmp:
         command = [

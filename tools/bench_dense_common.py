@@ -27,7 +27,7 @@ def cpu_env(backend: str | None = None) -> dict[str, str]:
 def trainer_tokens_per_second(backend: str, steps: int, extra: list[str]) -> float:
     """Median tokens/s of `train` (the embedded default) over the steps after the first quarter
     (warm-up and compilation)."""
-    from qwen3_titan_common.train_log import parse_step_lines
+    from qwen3_titan_common.perf.train_log import parse_step_lines
 
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(

@@ -30,7 +30,7 @@ MIB = 1024**2
 
 
 def _architecture(size_gb: float):
-    from qwen3_titan_common.architecture import architecture_from_config
+    from qwen3_titan_common.arch.architecture import architecture_from_config
 
     # ~15.7M parameters per layer at hidden 1024 / ffn 4096, plus a 4096 x 1024 embedding.
     layers = max(1, round((size_gb * GB / 4 - 4096 * 1024) / 15.73e6))
@@ -60,7 +60,7 @@ def _peak_rss_mib() -> float:
 
 def child(method: str, workdir: Path, size_gb: float, shard_mb: int) -> dict:
     import qwen3_titan_common.hf.titan_load  # noqa: F401  (imports outside the timed region)
-    import qwen3_titan_common.titan_qwen3  # noqa: F401
+    import qwen3_titan_common.models.qwen3  # noqa: F401
     from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
     from qwen3_titan_common.hf.model_dir import open_model_dir
     from safetensors.torch import load_file, save_file

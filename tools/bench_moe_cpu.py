@@ -66,8 +66,8 @@ def _arch_config(args, shape: str = "debug_moe"):
 
 
 def titan_model(config: dict, device, dtype):
-    from qwen3_titan_common.architecture import architecture_from_config
-    from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_config
+    from qwen3_titan_common.arch.architecture import architecture_from_config
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
     from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES
     from torchtitan.config.override import OverrideConfig, apply_overrides
 

@@ -5,7 +5,7 @@
 
 Needs torch-neuronx, neuronx-cc and nki from the Neuron package repository in this environment
 (README: "On a Trainium host"; PyPI only has placeholders). The Neuron environment comes from
-``qwen3_titan_common.neuron_env`` (LNC=2 unless exported). Off Trainium it stops with the reason:
+``qwen3_titan_common.runtime.neuron_env`` (LNC=2 unless exported). Off Trainium it stops with the reason:
 the same tests only skip there. First runs compile each kernel (minutes); later runs hit the cache.
 """
 
@@ -21,8 +21,8 @@ SUITE = ROOT / "packages" / "nki-moe-backend" / "tests"
 
 
 def main(argv: list[str]) -> int:
-    from qwen3_titan_common.device import neuron_available
-    from qwen3_titan_common.neuron_env import neuron_env_updates
+    from qwen3_titan_common.runtime.device import neuron_available
+    from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
     if not neuron_available():
         print(

@@ -11,7 +11,7 @@ import nki
 import nki.isa as nisa
 import nki.language as nl
 import torch
-from qwen3_titan_common.neuron_env import logical_core_size
+from qwen3_titan_common.runtime.neuron_env import logical_core_size
 from torch import Tensor
 from torch_neuronx import nki_op, wrap_nki
 

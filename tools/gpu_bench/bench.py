@@ -13,7 +13,7 @@ the same MoE shape in plain transformers (``hf_moe.py``). torchtitan runs go thr
 (``torchtitan.train`` as rank 0 of a world of one) with ``--module``/``--config`` named directly:
 our packages are on PYTHONPATH, not installed, so no entry point (``train``, recipe names) is used.
 
-torchtitan rows: per-step tok/s from our step lines (``qwen3_titan_common.train_log``), harmonic
+torchtitan rows: per-step tok/s from our step lines (``qwen3_titan_common.perf.train_log``), harmonic
 mean over the steps after the warm-up ones. TFLOP/s and MFU: flops/token of our convention
 (``qwen3_titan_common.perf.flops``: 6 x active matmul parameters + 12 * layers * heads * head_dim * seq,
 no causal halving) x tok/s, against the device's dense bf16 peak (``perf.peaks``: 989 TFLOP/s on an
@@ -48,10 +48,10 @@ SRC_DIRS = sorted(glob.glob(os.path.join(ROOT, "packages", "*", "src")))
 sys.path[:0] = [d for d in SRC_DIRS if d not in sys.path]
 
 # stdlib-only modules of common: the driver itself never imports torch.
+from qwen3_titan_common.arch.published import published_architecture  # noqa: E402
 from qwen3_titan_common.perf.flops import flops_breakdown  # noqa: E402
 from qwen3_titan_common.perf.peaks import peak_flops  # noqa: E402
-from qwen3_titan_common.published import published_architecture  # noqa: E402
-from qwen3_titan_common.train_log import parse_step_lines  # noqa: E402
+from qwen3_titan_common.perf.train_log import parse_step_lines  # noqa: E402
 
 sys.path.insert(0, HERE)
 import trace_summary  # noqa: E402

@@ -36,7 +36,7 @@ def architecture_config(tiny: bool, layers: int) -> dict:
         from qwen3_titan_nki_moe.config_registry import DEBUG_MOE_CONFIG
 
         return dict(DEBUG_MOE_CONFIG)
-    from qwen3_titan_common.published import PUBLISHED_CONFIGS
+    from qwen3_titan_common.arch.published import PUBLISHED_CONFIGS
 
     return {**PUBLISHED_CONFIGS["Qwen3-30B-A3B"], "num_hidden_layers": layers}
 
@@ -132,7 +132,7 @@ def main(args) -> int:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {name}")
     config = architecture_config(args.tiny, args.layers)
-    from qwen3_titan_common.architecture import architecture_from_config
+    from qwen3_titan_common.arch.architecture import architecture_from_config
     from qwen3_titan_common.perf.flops import flops_breakdown
 
     flops = flops_breakdown(architecture_from_config(config, where="hf_moe"), args.seq)

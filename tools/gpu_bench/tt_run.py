@@ -100,7 +100,7 @@ def main(argv: list[str], run: Run) -> int:
 
     shims = gpu_bench_shims.apply()
     try:  # what an installed `common` does through its .pth file (harmless on a GPU)
-        from qwen3_titan_common.device_autoload import ensure_installed
+        from qwen3_titan_common.runtime.device_autoload import ensure_installed
 
         ensure_installed()
     except ImportError:

@@ -1,9 +1,13 @@
 import json
 
 import pytest
-from qwen3_titan_common.architecture import ArchitectureError, architecture_from_config, read_architecture
+from qwen3_titan_common.arch.architecture import (
+    ArchitectureError,
+    architecture_from_config,
+    read_architecture,
+)
+from qwen3_titan_common.arch.published import PUBLISHED_CONFIGS, published_architecture
 from qwen3_titan_common.assets import default_architecture
-from qwen3_titan_common.published import PUBLISHED_CONFIGS, published_architecture
 
 
 def test_qwen3_4b_instruct_2507_keeps_its_rope_theta_and_context():

@@ -3,8 +3,8 @@ import subprocess
 import sys
 
 import pytest
-from qwen3_titan_common import device
-from qwen3_titan_common.device import CpuDeviceModule, detect_device
+from qwen3_titan_common.runtime import device
+from qwen3_titan_common.runtime.device import CpuDeviceModule, detect_device
 
 
 def _no_accelerator() -> bool:

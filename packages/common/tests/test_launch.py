@@ -1,6 +1,7 @@
 import pytest
-from qwen3_titan_common.launch import Backend, LaunchError, plan_launch, run
-from qwen3_titan_common.neuron_env import NEURON_ENV_DEFAULTS, neuron_env_updates
+from qwen3_titan_common.cli.launch import run
+from qwen3_titan_common.cli.plan import Backend, LaunchError, plan_launch
+from qwen3_titan_common.runtime.neuron_env import NEURON_ENV_DEFAULTS, neuron_env_updates
 
 NATIVE = Backend(distribution="native-backend", module="qwen3_titan_native")
 RECIPE_FLAGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0"]
@@ -78,7 +79,7 @@ def test_neuron_env_never_overrides_the_user():
 
 
 def test_print_cmd_shows_neuron_env_prefix():
-    from qwen3_titan_common.launch import LaunchPlan
+    from qwen3_titan_common.cli.plan import LaunchPlan
 
     plan = LaunchPlan("m", "c", 64, 1, 0, "localhost:0", [], env_updates={"NEURON_LOGICAL_NC_CONFIG": "2"})
     assert plan.shell_line().startswith("NEURON_LOGICAL_NC_CONFIG=2 torchrun --nproc_per_node=64 ")
@@ -93,14 +94,14 @@ BACKENDS = {
 
 
 def test_backend_env_variable_wins(monkeypatch):
-    from qwen3_titan_common.launch import choose_backend
+    from qwen3_titan_common.cli.dispatch import choose_backend
 
     monkeypatch.setenv("QWEN3_TITAN_BACKEND", "hf-v5-backend")
     assert choose_backend(BACKENDS, ["--module", "qwen3_titan_native"])[0].distribution == "hf-v5-backend"
 
 
 def test_unknown_backend_env_variable_is_named(monkeypatch):
-    from qwen3_titan_common.launch import choose_backend
+    from qwen3_titan_common.cli.dispatch import choose_backend
 
     monkeypatch.setenv("QWEN3_TITAN_BACKEND", "tpu-backend")
     backend, why = choose_backend(BACKENDS, [])
@@ -112,14 +113,14 @@ def test_unknown_backend_env_variable_is_named(monkeypatch):
 
 
 def test_module_flag_selects_its_backend(monkeypatch):
-    from qwen3_titan_common.launch import choose_backend
+    from qwen3_titan_common.cli.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
     assert choose_backend(BACKENDS, ["--module=qwen3_titan_hf_v5"])[0].distribution == "hf-v5-backend"
 
 
 def test_several_backends_and_no_choice_is_an_error_that_says_how(monkeypatch):
-    from qwen3_titan_common.launch import choose_backend
+    from qwen3_titan_common.cli.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
     backend, why = choose_backend(BACKENDS, ["--training.steps", "3"])
@@ -127,7 +128,7 @@ def test_several_backends_and_no_choice_is_an_error_that_says_how(monkeypatch):
 
 
 def test_a_single_installed_backend_needs_no_choice(monkeypatch):
-    from qwen3_titan_common.launch import choose_backend
+    from qwen3_titan_common.cli.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
     assert choose_backend({"native-backend": NATIVE}, [])[0] is NATIVE
@@ -142,7 +143,7 @@ def test_uv_run_package_is_read_from_the_parent_process(tmp_path):
     fake_uv = tmp_path / "uv"
     fake_uv.write_text('#!/bin/sh\n"$PYTHON" -c "$CODE"\n')
     fake_uv.chmod(0o755)
-    code = "from qwen3_titan_common.launch import _uv_parent_package as f; print(f())"
+    code = "from qwen3_titan_common.cli.dispatch import _uv_parent_package as f; print(f())"
     env = {**os.environ, "PYTHON": sys.executable, "CODE": code}
     out = subprocess.run(
         [str(fake_uv), "run", "--package", "hf-v5-backend", "train"],

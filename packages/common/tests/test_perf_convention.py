@@ -1,12 +1,12 @@
 import pytest
 import torch
-from qwen3_titan_common.architecture import architecture_from_config
+from qwen3_titan_common.arch.architecture import architecture_from_config
+from qwen3_titan_common.arch.published import PUBLISHED_CONFIGS, published_architecture
 from qwen3_titan_common.assets import default_architecture
+from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 from qwen3_titan_common.perf.flops import flops_breakdown, flops_per_token
 from qwen3_titan_common.perf.peaks import peak_flops
-from qwen3_titan_common.published import PUBLISHED_CONFIGS, published_architecture
-from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec
-from qwen3_titan_common.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 TINY_MOE = {
     **PUBLISHED_CONFIGS["Qwen3-30B-A3B"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from qwen3_titan_common.architecture import architecture_from_config
+from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.hf.expected_keys import EMBED, LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}

@@ -2,7 +2,7 @@
 
 import shlex
 
-from qwen3_titan_common.launch import run
+from qwen3_titan_common.cli.launch import run
 from qwen3_titan_native.launch import BACKEND as NATIVE
 
 RECIPE_FLAGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0"]
@@ -41,7 +41,7 @@ def test_list_configs_shows_names_and_summaries(capsys):
 
 def test_real_size_configs_compile_on_cuda_and_the_tiny_one_never(monkeypatch):
     # The fastest measured configuration on an H200 (docs/performance.md) is per-block compile.
-    from qwen3_titan_common import device
+    from qwen3_titan_common.runtime import device
     from qwen3_titan_native import config_registry
 
     for kind, compiled in (("cuda", True), ("cpu", False), ("neuron", False)):

@@ -7,7 +7,7 @@ reference rounds, but accumulate in fp32 PSUM in their own order.
 
 import pytest
 import torch
-from qwen3_titan_common.device import neuron_available
+from qwen3_titan_common.runtime.device import neuron_available
 
 pytestmark = [
     pytest.mark.neuron,

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 # The shared `train` script, choosing this backend as `uv run --package nki-moe-backend train` does.
 TRAIN = str(Path(sys.executable).with_name("train"))

@@ -4,7 +4,7 @@ Three things, none of which imports torch or torchtitan here:
 
 1. an import hook that runs ``gpu_bench_shims.apply()`` right before ``torchtitan`` is first imported,
    so every process (every rank, were torchrun used) gets the polyfills before torchtitan looks;
-2. common's torchtitan device hook (``qwen3_titan_common.device_autoload.register``), which an
+2. common's torchtitan device hook (``qwen3_titan_common.runtime.device_autoload.register``), which an
    installed ``common`` gets from its ``.pth`` file: with the packages only on PYTHONPATH it would be
    missing, and torchtitan would then take a CPU host for CUDA (on a GPU the hook changes nothing);
 3. the ``sitecustomize`` this file shadows (e.g. Debian's), if there is one, still runs.
@@ -54,7 +54,7 @@ def _run_shadowed_sitecustomize() -> None:
 if "torchtitan" not in sys.modules and os.environ.get("GPU_BENCH_NO_SHIMS") != "1":
     sys.meta_path.insert(0, _ShimsBeforeTorchtitan())
 try:
-    from qwen3_titan_common.device_autoload import register as _register_device_hook
+    from qwen3_titan_common.runtime.device_autoload import register as _register_device_hook
 except ImportError:  # common not on the path: nothing of ours will import torchtitan
     pass
 else:

@@ -14,16 +14,16 @@ from pathlib import Path
 
 # Helpers are imported under private names: torchtitan lists every public callable
 # of this module as a config function in its "not found" error.
-from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.published import published_architecture as _published_architecture
 from qwen3_titan_common.assets import default_architecture as _default_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir as _default_tokenizer_dir
-from qwen3_titan_common.published import published_architecture as _published_architecture
-from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig
-from qwen3_titan_common.trainer_config import RunShape
-from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
-from qwen3_titan_common.trainer_config import debug_shape as _debug_shape
-from qwen3_titan_common.trainer_config import qwen3_4b_2507_checkpoint as _qwen3_4b_2507_checkpoint
-from qwen3_titan_common.trainer_config import real_size_shape as _real_size_shape
+from qwen3_titan_common.train.config import RunShape
+from qwen3_titan_common.train.config import build_trainer_config as _build_trainer_config
+from qwen3_titan_common.train.config import debug_shape as _debug_shape
+from qwen3_titan_common.train.config import qwen3_4b_2507_checkpoint as _qwen3_4b_2507_checkpoint
+from qwen3_titan_common.train.config import real_size_shape as _real_size_shape
+from qwen3_titan_common.train.trainer import HFCheckpointConfig
 
 from qwen3_titan_hf_v5.architectures import debug_moe_architecture as _debug_moe_architecture
 from qwen3_titan_hf_v5.model_spec import hf_v5_model_spec as _hf_v5_model_spec

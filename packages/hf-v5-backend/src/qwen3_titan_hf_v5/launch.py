@@ -1,6 +1,7 @@
-"""``uv run --package hf-v5-backend train``: see qwen3_titan_common.launch."""
+"""``uv run --package hf-v5-backend train``: see qwen3_titan_common.cli.launch."""
 
-from qwen3_titan_common.launch import Backend, main_for
+from qwen3_titan_common.cli.launch import main_for
+from qwen3_titan_common.cli.plan import Backend
 
 BACKEND = Backend(distribution="hf-v5-backend", module="qwen3_titan_hf_v5")
 

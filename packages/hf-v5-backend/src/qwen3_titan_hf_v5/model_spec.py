@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_hf_v5.model import HFCausalLM

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from qwen3_titan_common.qwen3_trainer import Qwen3Trainer
+from qwen3_titan_common.train.trainer import Qwen3Trainer
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,16 +13,16 @@ from typing import Any
 
 # Helpers are imported under private names: torchtitan lists every public callable
 # of this module as a config function in its "not found" error.
-from qwen3_titan_common.architecture import Qwen3Architecture as _Qwen3Architecture
-from qwen3_titan_common.architecture import architecture_from_config as _architecture_from_config
+from qwen3_titan_common.arch.architecture import Qwen3Architecture as _Qwen3Architecture
+from qwen3_titan_common.arch.architecture import architecture_from_config as _architecture_from_config
+from qwen3_titan_common.arch.published import published_architecture as _published_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir as _default_tokenizer_dir
-from qwen3_titan_common.published import published_architecture as _published_architecture
-from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig as _HFCheckpointConfig
-from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
-from qwen3_titan_common.trainer_config import RunShape as _RunShape
-from qwen3_titan_common.trainer_config import build_trainer_config as _build_trainer_config
-from qwen3_titan_common.trainer_config import debug_shape as _debug_shape
-from qwen3_titan_common.trainer_config import real_size_shape as _real_size_shape
+from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec as _titan_qwen3_model_spec
+from qwen3_titan_common.train.config import RunShape as _RunShape
+from qwen3_titan_common.train.config import build_trainer_config as _build_trainer_config
+from qwen3_titan_common.train.config import debug_shape as _debug_shape
+from qwen3_titan_common.train.config import real_size_shape as _real_size_shape
+from qwen3_titan_common.train.trainer import HFCheckpointConfig as _HFCheckpointConfig
 
 from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES as _KERNEL_OVERRIDES
 from qwen3_titan_nki_moe.trainer import NkiMoETrainer as _NkiMoETrainer

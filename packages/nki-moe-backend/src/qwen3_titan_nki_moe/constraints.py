@@ -167,7 +167,7 @@ def check(shape: KernelShape) -> None:
 
 def kernel_shape(config) -> KernelShape:
     """The :class:`KernelShape` of a torchtitan ``Trainer.Config`` built from a Qwen3 model spec."""
-    from qwen3_titan_common.neuron_env import logical_core_size
+    from qwen3_titan_common.runtime.neuron_env import logical_core_size
 
     model = config.model_spec.model
     layer = model.layers[0]

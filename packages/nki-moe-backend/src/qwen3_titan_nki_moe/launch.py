@@ -1,6 +1,6 @@
 """``uv run --package nki-moe-backend train``: common's launcher with this backend's NKI shape check.
 
-The shared ``train`` script (``qwen3_titan_common.launch:main``) finds :data:`BACKEND` through the
+The shared ``train`` script (``qwen3_titan_common.cli.launch:main``) finds :data:`BACKEND` through the
 ``qwen3_titan.backends`` entry point; ``python -m qwen3_titan_nki_moe.launch`` runs it directly.
 
 When the run asks for the NKI kernels (``--kernels nki`` or ``QWEN3_TITAN_KERNELS=nki``), the
@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from contextlib import redirect_stderr, redirect_stdout
 
-from qwen3_titan_common.launch import Backend, LaunchError, main_for, plan_launch
+from qwen3_titan_common.cli.launch import main_for
+from qwen3_titan_common.cli.plan import Backend, LaunchError, plan_launch
 
 _NO_RUN_FLAGS = {"-h", "--help", "--list-configs"}
 

@@ -131,7 +131,7 @@ def configure(
 
     ``shape`` enables the NKI shape rules: a broken rule is an error under ``nki`` and a
     fallback to the reference under ``auto``. ``device_kind`` overrides device detection
-    (tests); by default ``qwen3_titan_common.device.detect_device`` decides.
+    (tests); by default ``qwen3_titan_common.runtime.device.detect_device`` decides.
     """
     global _choices
     _settings.update(mode=mode, shape=shape, device_kind=device_kind)
@@ -140,7 +140,7 @@ def configure(
         constraints.check(shape)
     reason_no_neuron = None
     if device_kind is None:
-        from qwen3_titan_common.device import detect_device
+        from qwen3_titan_common.runtime.device import detect_device
 
         device = detect_device()
         device_kind = device.kind

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from qwen3_titan_common.qwen3_trainer import Qwen3Trainer
+from qwen3_titan_common.train.trainer import Qwen3Trainer
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_nki_moe import constraints, override_imports, registry
@@ -59,7 +59,7 @@ def _effective_model_config(config) -> object:
     """The config as the run will build it: ``--hf.model_dir``'s architecture replaces the default."""
     if not (config.hf.model_dir and config.model_spec_builder):
         return config
-    from qwen3_titan_common.architecture import read_architecture
+    from qwen3_titan_common.arch.architecture import read_architecture
     from qwen3_titan_common.hf.start import absolute
 
     try:

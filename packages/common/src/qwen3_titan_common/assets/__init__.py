@@ -9,7 +9,7 @@ from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
-from qwen3_titan_common.architecture import Qwen3Architecture, read_architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
 
 
 def default_assets_dir() -> Path:

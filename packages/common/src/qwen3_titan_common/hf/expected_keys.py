@@ -6,7 +6,7 @@ a checkpoint can be checked against it before any weight is read.
 
 from __future__ import annotations
 
-from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 
 LM_HEAD = "lm_head.weight"

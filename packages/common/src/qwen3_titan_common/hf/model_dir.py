@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3_titan_common.architecture import Qwen3Architecture, read_architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.safetensors_header import TensorEntry, read_header
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.model_dir import HFModelDir, open_model_dir

@@ -123,7 +123,7 @@ def load_hf_into_titan(
 
 def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32, seq_len: int = 2048):
     """torchtitan's Qwen3 shaped by the directory's config.json, holding its weights."""
-    from qwen3_titan_common.titan_qwen3 import titan_qwen3_model_spec
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 
     spec = titan_qwen3_model_spec(model_dir.architecture, "verify")
     model_config = spec.model

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
 
 
 @dataclass(frozen=True)

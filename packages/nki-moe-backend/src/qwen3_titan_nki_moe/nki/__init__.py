@@ -1,7 +1,7 @@
 """NKI kernels for the registry's ops, and their PyTorch registrations. Trainium only.
 
 Nothing here is imported on a CPU or CUDA host: ``qwen3_titan_nki_moe.registry`` imports a
-module of this package only after ``qwen3_titan_common.device`` found a Neuron device (and
+module of this package only after ``qwen3_titan_common.runtime.device`` found a Neuron device (and
 ``torch_neuronx`` and ``nki`` imported). Each module holds
 
 - the kernel(s), written against ``nki.jit`` / ``nki.language`` / ``nki.isa`` (nki 0.3,

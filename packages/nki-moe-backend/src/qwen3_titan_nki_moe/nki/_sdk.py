@@ -13,7 +13,7 @@ except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages
         f"(PyPI only has placeholders); the kernel registry imports it only on a Neuron host: {err}"
     ) from err
 
-from qwen3_titan_common.neuron_env import logical_core_size
+from qwen3_titan_common.runtime.neuron_env import logical_core_size
 
 # Partition count of SBUF/PSUM tiles: every kernel tiles rows (or the contraction) by it.
 P = 128

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.layout import resolve_layout
+from qwen3_titan_common.train.layout import resolve_layout
 
 
 def _positive(flag: str, value: int) -> None:

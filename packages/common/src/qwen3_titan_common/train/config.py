@@ -17,10 +17,10 @@ from torchtitan.config import CompileConfig, TrainingConfig
 from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
-from qwen3_titan_common.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.data import TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
-from qwen3_titan_common.qwen3_trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
+from qwen3_titan_common.train.trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def qwen3_4b_2507_checkpoint() -> HFCheckpointConfig:
 
 
 def _runs_on_cuda() -> bool:
-    from qwen3_titan_common.device import detect_device
+    from qwen3_titan_common.runtime.device import detect_device
 
     return detect_device().kind == "cuda"
 

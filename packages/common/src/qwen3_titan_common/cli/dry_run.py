@@ -12,8 +12,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-from qwen3_titan_common.launch import LaunchError, LaunchPlan
-from qwen3_titan_common.layout import LayoutError, resolve_layout
+from qwen3_titan_common.cli.plan import LaunchError, LaunchPlan
+from qwen3_titan_common.train.layout import LayoutError, resolve_layout
 
 GIB = 1024**3
 
@@ -91,7 +91,7 @@ def _parse_config(plan: LaunchPlan):
 
 def dry_run(plan: LaunchPlan) -> int:
     _fake_rank_env(plan)
-    from qwen3_titan_common.device_autoload import ensure_installed
+    from qwen3_titan_common.runtime.device_autoload import ensure_installed
 
     ensure_installed()
     import torch

@@ -32,8 +32,8 @@ from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 
-from qwen3_titan_common.architecture import Qwen3Architecture
-from qwen3_titan_common.titan_experts import ActivationDtypeGroupedExperts
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
 
 INIT_STD = 0.02
 

@@ -28,7 +28,7 @@ class _PatchAfterExec(importlib.abc.Loader):
 
     def exec_module(self, module) -> None:
         self._wrapped.exec_module(module)
-        from qwen3_titan_common.device import patch_torchtitan_utils
+        from qwen3_titan_common.runtime.device import patch_torchtitan_utils
 
         patch_torchtitan_utils(module)
 
@@ -61,7 +61,7 @@ def ensure_installed() -> None:
     """Install the hook, or patch in place if torchtitan's utils are already imported."""
     utils = sys.modules.get(TARGET_MODULE)
     if utils is not None:
-        from qwen3_titan_common.device import patch_torchtitan_utils
+        from qwen3_titan_common.runtime.device import patch_torchtitan_utils
 
         patch_torchtitan_utils(utils)
         return

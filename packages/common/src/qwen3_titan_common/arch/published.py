@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qwen3_titan_common.architecture import Qwen3Architecture, architecture_from_config
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 
 _DENSE_COMMON: dict[str, Any] = {
     "model_type": "qwen3",

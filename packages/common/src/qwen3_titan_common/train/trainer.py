@@ -32,12 +32,12 @@ from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from qwen3_titan_common.architecture import Qwen3Architecture
-from qwen3_titan_common.fsdp_comms import use_sum_reduction_on_gloo
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, ExportSpec, export_hf_dir, parse_size
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
+from qwen3_titan_common.train.fsdp_comms import use_sum_reduction_on_gloo
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
 
@@ -74,7 +74,7 @@ class Qwen3Trainer(Trainer):
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
 
     def __init__(self, config: Config):
-        from qwen3_titan_common.preflight import check_before_start
+        from qwen3_titan_common.train.preflight import check_before_start
 
         self._start = _prepare_start(config)
         check_before_start(config)
@@ -259,7 +259,7 @@ def _prepare_start(config: Qwen3Trainer.Config) -> StartPoint:
     if config.hf.model_dir and start.kind == "resume":
         # The architecture still comes from the directory the run started from.
         try:
-            from qwen3_titan_common.architecture import read_architecture
+            from qwen3_titan_common.arch.architecture import read_architecture
 
             config.architecture = read_architecture(absolute(config.hf.model_dir))
             config.model_spec = config.model_spec_builder(config.architecture, config.model_spec.flavor)

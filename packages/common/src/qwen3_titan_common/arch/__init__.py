@@ -1,0 +1,1 @@
+"""What a Qwen3 checkpoint is: its ``config.json`` read into an architecture, and the published ones."""

@@ -1,0 +1,1 @@
+"""The commands: ``train`` (plan, backend dispatch, torchrun supervision, dry run) and ``verify-checkpoint``."""

@@ -1,0 +1,82 @@
+"""The ``train`` console script behind every backend.
+
+``train [launcher flags] [torchtitan flags]`` runs the upstream recipe's torchrun command (``plan``);
+every flag the launcher does not own is passed to torchtitan unchanged. ``--print-cmd`` prints that
+command instead of running it, ``--list-configs`` lists the backend's config functions, ``--dry-run``
+checks a layout of any size on this machine with torchtitan's fake process group.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from qwen3_titan_common.cli.config_names import list_config_functions
+from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
+from qwen3_titan_common.cli.plan import (
+    Backend,
+    LaunchError,
+    check_config_name,
+    check_model_dir,
+    plan_launch,
+)
+from qwen3_titan_common.cli.supervise import run_and_summarise, torchrun_executable
+from qwen3_titan_common.errors import UserInputError
+
+
+def _list_configs(module: str) -> int:
+    functions = list_config_functions(module)
+    if functions is None:
+        print(f"train: --module {module}: no such importable module", file=sys.stderr)
+        return 2
+    width = max(len(f.name) for f in functions)
+    for f in functions:
+        print(f"{f.name:<{width}}  {f.summary}")
+    return 0
+
+
+def run(backend: Backend, argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        opts, plan = plan_launch(backend, argv)
+        if opts.list_configs:
+            return _list_configs(plan.module)
+        check_config_name(plan.module, plan.config)
+        check_model_dir(plan.passthrough)
+        if backend.preflight is not None and not opts.print_cmd:
+            problem = backend.preflight(argv)
+            if problem is not None:
+                raise LaunchError(problem)
+        if opts.dry_run:
+            from qwen3_titan_common.cli.dry_run import dry_run
+
+            return dry_run(plan)
+    except UserInputError as err:
+        print(f"train: {err}", file=sys.stderr)
+        return 2
+    if opts.print_cmd:
+        print(plan.shell_line())
+        return 0
+    command = plan.command()
+    command[0] = torchrun_executable()
+    print(f"[train] {plan.shell_line()}", file=sys.stderr, flush=True)
+    return run_and_summarise(command, {**os.environ, **plan.env_updates})
+
+
+def main_for(backend: Backend):
+    """A ``main`` bound to one backend (``python -m <backend package>.launch``)."""
+
+    def main() -> None:
+        sys.exit(run(backend))
+
+    return main
+
+
+def main() -> None:
+    """The shared ``train`` console script: choose the backend (``dispatch``), then run it."""
+    argv = sys.argv[1:]
+    backend, why = choose_backend(installed_backends(), argv)
+    if backend is None:
+        print(f"train: {why}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(backend, argv))

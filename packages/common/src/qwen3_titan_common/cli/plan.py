@@ -1,0 +1,224 @@
+"""From ``train``'s command line to a torchrun launch plan, and the checks that need no rank.
+
+The launcher owns a handful of flags (below); every other flag goes to torchtitan unchanged. The plan
+is the upstream recipe's command::
+
+    torchrun --nproc_per_node=<devices> --rdzv_backend c10d --rdzv_endpoint localhost:0 \
+        --local-ranks-filter 0 --role rank --tee 3 \
+        -m torchtitan.train --module <backend module> --config <name> [torchtitan flags]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qwen3_titan_common.cli.config_names import list_config_functions
+from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a backend package tells the shared launcher about itself."""
+
+    distribution: str  # e.g. "native-backend"
+    module: str  # the torchtitan --module, e.g. "qwen3_titan_native"
+    default_config: str = "debug"
+    # Backend-specific checks before any rank starts: argv -> one-line error, or None.
+    preflight: Callable[[list[str]], str | None] | None = None
+
+
+class LaunchError(UserInputError):
+    pass
+
+
+@dataclass
+class LaunchPlan:
+    module: str
+    config: str
+    nproc_per_node: int
+    nnodes: int
+    node_rank: int
+    rdzv_endpoint: str
+    passthrough: list[str]
+    env_updates: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def torchrun_args(self) -> list[str]:
+        args = [
+            f"--nproc_per_node={self.nproc_per_node}",
+            "--rdzv_backend",
+            "c10d",
+            "--rdzv_endpoint",
+            self.rdzv_endpoint,
+        ]
+        if self.nnodes > 1:
+            args += [f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}"]
+        args += ["--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
+        return args
+
+    def titan_args(self) -> list[str]:
+        return ["--module", self.module, "--config", self.config, *self.passthrough]
+
+    def command(self) -> list[str]:
+        return ["torchrun", *self.torchrun_args(), "-m", "torchtitan.train", *self.titan_args()]
+
+    def shell_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_updates.items())
+        return (env + " " if env else "") + shlex.join(self.command())
+
+
+def _parser(backend: Backend) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train",
+        description=(
+            f"Train Qwen3 with the {backend.distribution} (torchtitan --module {backend.module}). "
+            "Flags not listed here go to torchtitan unchanged, e.g. --training.steps 5."
+        ),
+        allow_abbrev=False,
+    )
+    p.add_argument("--module", default=backend.module, help=f"torchtitan module (default: {backend.module})")
+    p.add_argument(
+        "--config",
+        default=backend.default_config,
+        help=f"config function (default: {backend.default_config})",
+    )
+    p.add_argument("--print-cmd", action="store_true", help="print the equivalent torchrun command and exit")
+    p.add_argument(
+        "--list-configs", action="store_true", help="list this backend's config functions and exit"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the parallel layout, sharding and memory on this machine with a fake process group",
+    )
+    # torchrun's spellings are accepted too: its users type them.
+    p.add_argument(
+        "--nproc",
+        "--nproc_per_node",
+        "--nproc-per-node",
+        dest="nproc",
+        type=int,
+        default=None,
+        help="ranks per node (default: the device count)",
+    )
+    p.add_argument("--nnodes", type=int, default=None, help="number of machines (default: 1, or Slurm's)")
+    p.add_argument(
+        "--node-rank", "--node_rank", dest="node_rank", type=int, default=None,
+        help="this machine's rank among --nnodes",
+    )  # fmt: skip
+    p.add_argument(
+        "--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint", default=None,
+        help="HOST:PORT of the rendezvous, needed with --nnodes > 1",
+    )  # fmt: skip
+    p.add_argument(
+        "--hf-model",
+        default=None,
+        metavar="DIR",
+        help="start from this Hugging Face model directory (same as --hf.model_dir DIR)",
+    )
+    return p
+
+
+def _aliases(opts: argparse.Namespace) -> list[str]:
+    """Launcher shorthands, turned into the torchtitan flags they stand for."""
+    if opts.hf_model is None:
+        return []
+    # Ranks may start elsewhere (other nodes' working directories): pass an absolute path.
+    return ["--hf.model_dir", str(Path(opts.hf_model).expanduser().resolve())]
+
+
+def _cluster_default(flag_value, *env_names: str) -> str | None:
+    if flag_value is not None:
+        return str(flag_value)
+    for name in env_names:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def _positive_int(value: str, flag: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise LaunchError(f"{flag}={value!r}: expected a positive integer") from None
+    if number < 1:
+        raise LaunchError(f"{flag}={number}: expected a positive integer")
+    return number
+
+
+def check_config_name(module: str, config: str) -> None:
+    functions = list_config_functions(module)
+    if functions is None:
+        raise LaunchError(
+            f"--module {module}: no such importable module (is its backend package installed in this environment?)"
+        )
+    names = [f.name for f in functions]
+    if config not in names:
+        raise LaunchError(
+            f"--config {config}: not a config function of {module}; available: {', '.join(names)}"
+        )
+    if module == "neuron_qwen3":
+        from neuron_qwen3.config_registry import missing_provider
+
+        package = missing_provider(config)
+        if package is not None:
+            raise LaunchError(
+                f"--config {config} is provided by the '{package}' package, which is not installed in this "
+                f"environment: run `uv sync --package {package}` (or `uv run --package {package} train ...`)"
+            )
+
+
+def check_model_dir(titan_args: list[str]) -> None:
+    """Check an explicitly named HF directory before starting ranks (headers only, no weights)."""
+    for flag in ("--hf.model_dir", "--hf.model-dir"):
+        if flag in titan_args and titan_args.index(flag) + 1 < len(titan_args):
+            from qwen3_titan_common.hf.start import open_checked_model_dir
+
+            open_checked_model_dir(titan_args[titan_args.index(flag) + 1])
+
+
+def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, LaunchPlan]:
+    opts, passthrough = _parser(backend).parse_known_args(argv)
+    nnodes = _positive_int(_cluster_default(opts.nnodes, "NNODES", "SLURM_NNODES") or "1", "--nnodes")
+    node_rank = int(_cluster_default(opts.node_rank, "NODE_RANK", "SLURM_NODEID") or "0")
+    if not 0 <= node_rank < nnodes:
+        raise LaunchError(f"--node-rank={node_rank}: expected 0 <= node rank < --nnodes ({nnodes})")
+    endpoint = _cluster_default(opts.rdzv_endpoint, "RDZV_ENDPOINT")
+    if endpoint is None and os.environ.get("MASTER_ADDR") and nnodes > 1:
+        endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
+    if nnodes > 1 and endpoint is None and not opts.dry_run:
+        raise LaunchError(
+            f"--nnodes={nnodes} needs --rdzv-endpoint HOST:PORT (a host every machine reaches), "
+            "or MASTER_ADDR/MASTER_PORT in the environment"
+        )
+    if opts.nproc is not None:
+        nproc = _positive_int(str(opts.nproc), "--nproc")
+        env_updates = {}
+    else:
+        from qwen3_titan_common.runtime.device import detect_device
+
+        device = detect_device()
+        print(f"[train] {device.describe()}", file=sys.stderr)
+        nproc = device.count
+        env_updates = neuron_env_updates() if device.kind == "neuron" else {}
+    plan = LaunchPlan(
+        module=opts.module,
+        config=opts.config,
+        nproc_per_node=nproc,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_endpoint=endpoint or "localhost:0",
+        passthrough=[*_aliases(opts), *passthrough],
+        env_updates=env_updates,
+    )
+    return opts, plan

@@ -1,0 +1,1 @@
+"""torchtitan's Qwen3 / Qwen3-MoE model configs, built from an architecture."""

@@ -1,0 +1,1 @@
+"""The training run: the trainer, its config, the checks before it starts, its parallel layout."""
