@@ -63,7 +63,7 @@ def _config_of(module: str, config: str) -> dict:
     """The config.json the backend's config function trains (its architecture's source)."""
     if config == "debug":
         return json.loads((default_model_dir() / "config.json").read_text())
-    from qwen3_titan_nki_moe.config_registry import DEBUG_MOE_CONFIG
+    from qwen3_titan_common.assets import DEBUG_MOE_CONFIG
 
     return dict(DEBUG_MOE_CONFIG)
 

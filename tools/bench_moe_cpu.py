@@ -52,7 +52,7 @@ SHAPES = {
 
 
 def _arch_config(args, shape: str = "debug_moe"):
-    from qwen3_titan_nki_moe.config_registry import DEBUG_MOE_CONFIG
+    from qwen3_titan_common.assets import DEBUG_MOE_CONFIG
 
     config = {**DEBUG_MOE_CONFIG, **SHAPES[shape], "num_hidden_layers": args.layers}
     for key, value in (

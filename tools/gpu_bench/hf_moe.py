@@ -33,7 +33,7 @@ def log(message: str) -> None:
 
 def architecture_config(tiny: bool, layers: int) -> dict:
     if tiny:
-        from qwen3_titan_nki_moe.config_registry import DEBUG_MOE_CONFIG
+        from qwen3_titan_common.assets import DEBUG_MOE_CONFIG
 
         return dict(DEBUG_MOE_CONFIG)
     from qwen3_titan_common.arch.published import PUBLISHED_CONFIGS

@@ -6,8 +6,8 @@ import copy
 
 import torch
 from qwen3_titan_common.arch.architecture import architecture_from_config
+from qwen3_titan_common.assets import DEBUG_MOE_CONFIG
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
-from qwen3_titan_nki_moe.config_registry import DEBUG_MOE_CONFIG
 from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES
 from torchtitan.config.override import OverrideConfig, apply_overrides
 

@@ -9,13 +9,13 @@ are applied on top (``--training.steps 5``), plus ``--hf_v5.attention`` and
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 # Helpers are imported under private names: torchtitan lists every public callable
 # of this module as a config function in its "not found" error.
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.arch.published import published_architecture as _published_architecture
+from qwen3_titan_common.assets import debug_moe_architecture as _debug_moe_architecture
 from qwen3_titan_common.assets import default_architecture as _default_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir as _default_tokenizer_dir
 from qwen3_titan_common.train.config import RunShape
@@ -25,7 +25,6 @@ from qwen3_titan_common.train.config import qwen3_4b_2507_checkpoint as _qwen3_4
 from qwen3_titan_common.train.config import real_size_shape as _real_size_shape
 from qwen3_titan_common.train.trainer import HFCheckpointConfig
 
-from qwen3_titan_hf_v5.architectures import debug_moe_architecture as _debug_moe_architecture
 from qwen3_titan_hf_v5.model_spec import hf_v5_model_spec as _hf_v5_model_spec
 from qwen3_titan_hf_v5.trainer import HFv5Trainer
 
@@ -35,8 +34,9 @@ BACKEND = "hf-v5"
 def _config(
     arch: Qwen3Architecture, flavor: str, shape: RunShape, assets: Path, hf: HFCheckpointConfig | None = None
 ) -> HFv5Trainer.Config:
-    base = _build_trainer_config(arch, flavor, _hf_v5_model_spec, assets_path=assets, shape=shape, hf=hf)
-    return HFv5Trainer.Config(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)})
+    return _build_trainer_config(
+        arch, flavor, _hf_v5_model_spec, assets_path=assets, shape=shape, hf=hf, trainer=HFv5Trainer
+    )
 
 
 def debug() -> HFv5Trainer.Config:
@@ -45,7 +45,7 @@ def debug() -> HFv5Trainer.Config:
 
 
 def debug_moe() -> HFv5Trainer.Config:
-    """A tiny Qwen3-MoE (8 experts, top-2; transformers' Qwen3MoeForCausalLM) on the embedded corpus."""
+    """The embedded tiny Qwen3-MoE (8 experts, top-2, 2 layers) as transformers' Qwen3MoeForCausalLM."""
     return _config(
         _debug_moe_architecture(), "debug_moe", _debug_shape(BACKEND, "debug_moe"), _default_tokenizer_dir()
     )

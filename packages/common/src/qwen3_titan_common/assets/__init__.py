@@ -8,8 +8,40 @@ from __future__ import annotations
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
-from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config, read_architecture
+
+# The tiny Qwen3-MoE every backend's `debug_moe` trains: Qwen3-MoE's structure at a CPU-sized shape,
+# written as the config.json it would have, with the embedded default's attention and vocabulary. Its
+# shapes also satisfy every NKI kernel rule (seq_len 256, hidden 256, head_dim 64, moe_intermediate 256),
+# so it doubles as the Trainium smoke test.
+DEBUG_MOE_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_act": "silu",
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 768,
+    "moe_intermediate_size": 256,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 4096,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-06,
+    # As the published Qwen3-MoE checkpoints.
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "use_sliding_window": False,
+    "torch_dtype": "float32",
+}
 
 
 def default_assets_dir() -> Path:
@@ -31,3 +63,9 @@ def default_model_dir() -> Path:
 @cache
 def default_architecture() -> Qwen3Architecture:
     return read_architecture(default_model_dir())
+
+
+@cache
+def debug_moe_architecture() -> Qwen3Architecture:
+    """The tiny Qwen3-MoE of every backend's ``debug_moe`` config (8 experts, top-2, 2 layers)."""
+    return architecture_from_config(DEBUG_MOE_CONFIG, where="the embedded debug_moe config")

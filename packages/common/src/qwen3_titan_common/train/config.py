@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
@@ -98,10 +99,14 @@ def build_trainer_config(
     assets_path: Path,
     shape: RunShape,
     hf: HFCheckpointConfig | None = None,
+    trainer: type[Qwen3Trainer] = Qwen3Trainer,
+    **backend_fields: Any,
 ) -> Qwen3Trainer.Config:
-    """``hf.model_dir``, when set, replaces ``arch`` with the directory's own at Trainer start."""
+    """A backend's run: ``trainer`` (``Qwen3Trainer`` or a backend's subclass) picks the Config class, and
+    ``backend_fields`` fill that subclass's own fields. ``hf.model_dir``, when set, replaces ``arch`` with the
+    directory's own at Trainer start."""
     vocab_size = arch.vocab_size
-    return Qwen3Trainer.Config(
+    return trainer.Config(
         model_spec=model_spec_builder(arch, flavor),
         architecture=arch,
         model_spec_builder=model_spec_builder,
@@ -133,4 +138,5 @@ def build_trainer_config(
         compile=CompileConfig(enable=shape.compile_on_cuda and _runs_on_cuda()),
         # Structured logs are Meta-internal tooling, written before any check could stop a bad run.
         debug=DebugConfig(seed=shape.seed, enable_structured_logging=False),
+        **backend_fields,
     )
