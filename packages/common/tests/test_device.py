@@ -3,8 +3,9 @@ import subprocess
 import sys
 
 import pytest
+from qwen3_titan_common.compat import CpuDeviceModule
 from qwen3_titan_common.runtime import device
-from qwen3_titan_common.runtime.device import CpuDeviceModule, detect_device
+from qwen3_titan_common.runtime.device import detect_device
 
 
 def _no_accelerator() -> bool:

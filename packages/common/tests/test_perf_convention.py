@@ -56,24 +56,30 @@ def test_tied_embedding_is_counted_once_as_lm_head():
 
 
 @pytest.mark.parametrize(
-    ("kind", "name", "tflops"),
+    ("name", "tflops"),
     [
-        ("cuda", "NVIDIA H200", 989),
-        ("cuda", "NVIDIA H100 80GB HBM3", 989),
-        ("cuda", "NVIDIA H100 PCIe", 756),
-        ("cuda", "NVIDIA A100-SXM4-80GB", 312),
-        ("neuron", "trn2", 158),
-        ("neuron", "trn1", 95),
+        ("NVIDIA H200", 989),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA H100 PCIe", 756),
+        ("NVIDIA A100-SXM4-80GB", 312),
     ],
 )
-def test_peak_table(kind, name, tflops):
-    peak, _ = peak_flops(kind, name)
+def test_gpu_peaks_are_torchtitans(name, tflops):
+    from torchtitan.tools.utils import get_peak_flops
+
+    peak, source = peak_flops("cuda", name, titan_peak=get_peak_flops(name))
+    assert peak == pytest.approx(tflops * 1e12) and source == f"torchtitan's table for {name}"
+
+
+@pytest.mark.parametrize(("name", "tflops"), [("trn2", 158), ("trn1", 95), ("trn3", 167.75)])
+def test_trainium_peaks_are_ours(name, tflops):
+    # torchtitan's table has no Trainium: without ours MFU would divide by its A100 fallback.
+    peak, _ = peak_flops("neuron", name, titan_peak=312e12)
     assert peak == pytest.approx(tflops * 1e12)
 
 
-def test_cpu_and_unknown_devices_report_no_mfu():
-    assert peak_flops("cpu", "cpu")[0] is None
-    assert peak_flops("cuda", "Some Future GPU")[0] is None
+def test_cpu_reports_no_mfu():
+    assert peak_flops("cpu", "cpu", titan_peak=312e12)[0] is None
 
 
 def test_log_line_parses_with_and_without_mfu():

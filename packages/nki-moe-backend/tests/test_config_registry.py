@@ -91,10 +91,10 @@ def test_cuda_graphs_go_off_only_where_the_experts_loop_on_the_host(monkeypatch)
     for dtype, graphs_off in (("bfloat16", False), ("float32", True)):
         config = debug_moe()
         config.training.mixed_precision_param = dtype
-        NkiMoETrainer.keep_cuda_graphs_capturable(config)
+        config = NkiMoETrainer.capturable(config)
         assert config.training.disable_cuda_graphs is graphs_off, dtype
     monkeypatch.setattr(titan_utils, "device_type", "cpu")
     config = debug_moe()
     config.training.mixed_precision_param = "float32"
-    NkiMoETrainer.keep_cuda_graphs_capturable(config)
+    config = NkiMoETrainer.capturable(config)
     assert config.training.disable_cuda_graphs is False  # no CUDA graphs on a CPU anyway

@@ -15,11 +15,16 @@ With tied embeddings, transformers makes ``lm_head.weight`` and
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 import torch.nn as nn
+from qwen3_titan_common.arch.architecture import architecture_from_config
+from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
+from qwen3_titan_common.models.init import INIT_STD, residual_init_std
+from qwen3_titan_common.perf.flops import FlopsConvention
 from torchtitan.protocols.model import BaseModel
 from torchtitan.tools import utils as titan_utils
 
@@ -27,8 +32,6 @@ from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS
 from qwen3_titan_hf_v5.parallelize import check_parallelism
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
-
-INIT_STD = 0.02
 
 
 class HFCausalLM(BaseModel):
@@ -42,6 +45,9 @@ class HFCausalLM(BaseModel):
 
         untie_embeddings: bool = False
         """Train separate embedding and lm_head even if config.json ties them (--hf_v5.untie_embeddings)."""
+
+        flops: FlopsConvention | None = None
+        """The architecture FLOPs per token are counted from (read from hf_config when not given)."""
 
         @property
         def tie_word_embeddings(self) -> bool:
@@ -74,6 +80,7 @@ class HFCausalLM(BaseModel):
             if options is not None:
                 self.attention = options.attention
                 self.untie_embeddings = options.untie_embeddings
+            self.flops = self._flops().with_metrics_config(config.metrics)
             check_parallelism(config.parallelism)
             # A dry run (fake process group) lays out a CUDA job on the CPU without running attention.
             dry_run = getattr(getattr(config, "comm", None), "mode", "default") == "fake_backend"
@@ -83,34 +90,18 @@ class HFCausalLM(BaseModel):
                         f"--hf_v5.attention flex: FlexAttention trains on CUDA only, this run is on "
                         f"{titan_utils.device_type}; use --hf_v5.attention sdpa (the default)"
                     )
-            seq_len = config.training.seq_len
-            limit = int(self.hf_config.get("max_position_embeddings", seq_len))
-            if seq_len > limit:
-                raise ValueError(
-                    f"--training.seq_len {seq_len}: longer than the model's max_position_embeddings "
-                    f"({limit}) in config.json; use a shorter --training.seq_len"
-                )
 
         def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
-            """torchtitan's convention: 6 x matmul parameters (active experts only) + attention."""
-            cfg = self.hf_config
-            nparams = experts = 0
-            for name, param in model.named_parameters():  # a tied weight counts once
-                nparams += param.numel()
-                if ".mlp.experts." in name:
-                    experts += param.numel()
-            active_experts = experts * int(cfg.get("num_experts_per_tok", 1)) // max(self.num_experts, 1)
-            matmul = nparams - experts + active_experts
-            if not self.tie_word_embeddings:
-                # The input embedding is a lookup; an untied lm_head is a matmul and stays counted.
-                matmul -= model.get_submodule("model.embed_tokens").weight.numel()
-            heads = int(cfg["num_attention_heads"])
-            head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-            attention = 6 * int(cfg["num_hidden_layers"]) * heads * 2 * head_dim * seq_len
-            return nparams, 6 * matmul + attention
+            """Every parameter once (a tied weight counts once); FLOPs per token by the shared convention."""
+            nparams = sum(param.numel() for param in model.parameters())
+            return nparams, self._flops().per_token(seq_len)
 
-    # Set by torchtitan's Trainer when a chunked loss applies lm_head itself.
-    _skip_lm_head: bool = False
+        def _flops(self) -> FlopsConvention:
+            if self.flops is None:
+                self.flops = FlopsConvention(architecture_from_config(self.hf_config, where="config.json"))
+            # --hf_v5.untie_embeddings trains a separate lm_head: counted as the untied model it is.
+            arch = self.flops.architecture.with_changes(tie_word_embeddings=self.tie_word_embeddings)
+            return dataclasses.replace(self.flops, architecture=arch)
 
     def __init__(self, config: Config):
         super().__init__()
@@ -131,7 +122,7 @@ class HFCausalLM(BaseModel):
         self.model.embed_tokens.padding_idx = None
         self.hf_config = hf_config
         self.enable_weight_tying = config.tie_word_embeddings
-        self._residual_std = INIT_STD / (2 * hf_config.num_hidden_layers) ** 0.5
+        self._residual_std = residual_init_std(hf_config.num_hidden_layers)
         self._is_moe = config.num_experts > 0
         tied = self.lm_head.weight is self.model.embed_tokens.weight
         if tied != self.enable_weight_tying:
@@ -149,7 +140,7 @@ class HFCausalLM(BaseModel):
         # tokens (B, L) -> logits (B, L, vocab). Positions (per-document, restarting after EOS) set RoPE,
         # and under flex attention also mask attention across documents (attention.py).
         hidden_BLD = self.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state
-        if self._skip_lm_head:
+        if lm_head_applied_by_loss(self):
             return hidden_BLD
         return self.lm_head(hidden_BLD)
 
@@ -174,7 +165,7 @@ class HFCausalLM(BaseModel):
             self._init_rope_buffers(buffer_device)
 
     def _init_parameter(self, name: str, param: torch.Tensor) -> None:
-        name = name.replace("._checkpoint_wrapped_module", "")
+        name = without_checkpoint_wrapper(name)
         if name.endswith("norm.weight"):
             nn.init.ones_(param)
         elif name.endswith(".bias"):

@@ -15,17 +15,16 @@ The model's names are the checkpoint's, with two exceptions, both handled here:
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 
 import torch
+from qwen3_titan_common.compat import hf_storage_reader_with_aliases
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import EMBED, LM_HEAD
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
-from torchtitan.tools.logging import logger
 
 _FUSED_EXPERTS = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 _EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<kind>gate|up|down)_proj\.weight$")
@@ -102,35 +101,13 @@ class HFv5StateDictAdapter(StateDictAdapter):
             state[LM_HEAD] = state[EMBED]
         return state
 
-    def get_hf_storage_reader(self, path: str, from_quantized: bool = False) -> HuggingFaceStorageReader:
+    def get_hf_storage_reader(self, path: str, from_quantized: bool = False):
         if from_quantized:
             raise CheckpointError(f"{path}: quantized checkpoints are not supported by hf-v5-backend")
         if self.tied:
             return HuggingFaceStorageReader(path)
-        return UntyingReader(path)
-
-
-class UntyingReader(HuggingFaceStorageReader):
-    """Reads a tied checkpoint (no ``lm_head.weight`` on disk) into an untied model.
-
-    ``lm_head.weight`` is then read from the embedding's bytes: the untied run starts from the
-    checkpoint's function and trains the two matrices apart. A checkpoint that holds
-    ``lm_head.weight`` is read unchanged.
-    """
-
-    def read_metadata(self):
-        metadata = super().read_metadata()
-        tensors = metadata.state_dict_metadata
-        if LM_HEAD in tensors or EMBED not in tensors:
-            return metadata
-        tensors[LM_HEAD] = tensors[EMBED]
-        for index, info in list(metadata.storage_data.items()):
-            if index.fqn == EMBED:
-                metadata.storage_data[dataclasses.replace(index, fqn=LM_HEAD)] = info
-        logger.info(f"{self.path}: tied checkpoint, untied model: lm_head.weight starts as a copy of {EMBED}")
-        return metadata
-
-    def _process_read_request(self, f, req, planner) -> None:
-        if req.storage_index.fqn == LM_HEAD and LM_HEAD not in f.keys():
-            req = dataclasses.replace(req, storage_index=dataclasses.replace(req.storage_index, fqn=EMBED))
-        super()._process_read_request(f, req, planner)
+        # A tied checkpoint (no lm_head.weight on disk) read into an untied model: lm_head starts as a
+        # copy of the embedding's bytes, and the run trains the two apart. A checkpoint that holds
+        # lm_head.weight is read unchanged.
+        note = f"tied checkpoint, untied model: {LM_HEAD} starts as a copy of {EMBED}"
+        return hf_storage_reader_with_aliases(path, {LM_HEAD: EMBED}, note)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch.nn as nn
@@ -34,8 +35,9 @@ from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
-
-INIT_STD = 0.02
+from qwen3_titan_common.models.init import INIT_STD, residual_init_std
+from qwen3_titan_common.perf.flops import FlopsConvention
+from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
 
 
 def _normal(std: float) -> Callable:
@@ -47,8 +49,7 @@ def _linear_init(std: float = INIT_STD) -> dict[str, Callable]:
 
 
 def _residual_std(arch: Qwen3Architecture) -> float:
-    # Output projections feeding the residual stream are scaled down with depth.
-    return INIT_STD / (2 * arch.num_hidden_layers) ** 0.5
+    return residual_init_std(arch.num_hidden_layers)
 
 
 def _norm(arch: Qwen3Architecture, size: int) -> RMSNorm.Config:
@@ -127,9 +128,36 @@ def _layer(arch: Qwen3Architecture) -> Qwen3TransformerBlock.Config:
     )
 
 
-def titan_qwen3_model_config(arch: Qwen3Architecture) -> Qwen3Model.Config:
+class Qwen3TitanModel(Qwen3Model):
+    """torchtitan's Qwen3, counting its FLOPs per token by the project's convention (``perf.flops``).
+
+    torchtitan asks the model config for FLOPs per token once (``get_nparams_and_flops``) and
+    its metrics divide by it; counting them here, from the ``config.json`` architecture, gives
+    every backend one convention with nothing overwritten afterwards.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Qwen3Model.Config):
+        flops: FlopsConvention | None = None
+        """The architecture the FLOPs are counted from (and whether attention is halved for causality)."""
+
+        def update_from_config(self, *, config, **kwargs) -> None:
+            # Explicit parent: a slots dataclass is a new class, so zero-argument super() cannot find it.
+            Qwen3Model.Config.update_from_config(self, config=config, **kwargs)
+            if self.flops is not None:
+                self.flops = self.flops.with_metrics_config(config.metrics)
+
+        def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
+            nparams, titan_flops = Qwen3Model.Config.get_nparams_and_flops(self, model, seq_len)
+            if self.flops is None:
+                return nparams, titan_flops
+            return nparams, self.flops.per_token(seq_len)
+
+
+def titan_qwen3_model_config(arch: Qwen3Architecture) -> Qwen3TitanModel.Config:
     tied = arch.tie_word_embeddings
-    return Qwen3Model.Config(
+    return Qwen3TitanModel.Config(
+        flops=FlopsConvention(arch),
         vocab_size=arch.vocab_size,
         dim=arch.hidden_size,
         norm=_norm(arch, arch.hidden_size),
@@ -154,7 +182,7 @@ def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
         name="qwen3",
         flavor=flavor,
         model=titan_qwen3_model_config(arch),
-        parallelize_fn=parallelize_qwen3,
+        parallelize_fn=reducing_over_gloo_with_sum(parallelize_qwen3),
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
         state_dict_adapter=Qwen3StateDictAdapter,

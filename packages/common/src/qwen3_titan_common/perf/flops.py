@@ -19,6 +19,8 @@ are offered; every log line and benchmark says which one it used.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
@@ -69,3 +71,31 @@ def flops_breakdown(arch: Qwen3Architecture, seq_len: int, causal: bool = False)
 
 def flops_per_token(arch: Qwen3Architecture, seq_len: int, causal: bool = False) -> int:
     return flops_breakdown(arch, seq_len, causal).per_token
+
+
+def describe(breakdown: FlopsBreakdown) -> str:
+    """The one log line of a run's convention (benchmarks read it back)."""
+    return (
+        f"[metrics] {breakdown.per_token / 1e9:.3f} GFLOP per token: 6 x {breakdown.matmul_params:,} "
+        f"matmul parameters + {breakdown.attention_flops:,} attention "
+        f"({'causal-halved' if breakdown.causal_halving else 'not halved'}); "
+        f"{breakdown.total_params:,} parameters in all"
+    )
+
+
+@dataclass(frozen=True)
+class FlopsConvention:
+    """What a model config needs to count FLOPs per token by this convention, whatever the backend."""
+
+    architecture: Qwen3Architecture
+    causal_halving: bool = False
+
+    def with_metrics_config(self, metrics_config) -> FlopsConvention:
+        """The convention as the run's metrics ask for it (``--metrics.flops_causal_halving``)."""
+        causal = bool(getattr(metrics_config, "flops_causal_halving", False))
+        return dataclasses.replace(self, causal_halving=causal)
+
+    def per_token(self, seq_len: int) -> int:
+        breakdown = flops_breakdown(self.architecture, seq_len, causal=self.causal_halving)
+        logging.getLogger(__name__).info(describe(breakdown))
+        return breakdown.per_token

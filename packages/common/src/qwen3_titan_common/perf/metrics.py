@@ -1,17 +1,25 @@
-"""torchtitan's MetricsProcessor with our throughput convention and a fixed log line.
+"""torchtitan's MetricsProcessor with the project's step line and Trainium's peak.
 
     step: 12  loss: 6.01553  grad_norm: 0.97  tps: 4,873  tflops: 0.14  mfu: n/a  memory: 1.26GiB (host RSS)
 
-Fields, always in this order: step, loss, grad norm, tokens/s per device, TFLOP/s per
-device (FLOPs per token from :mod:`flops`, causal halving as configured), MFU against
-:mod:`peaks` (n/a where no peak is defined, e.g. CPU), peak memory with its source
-(CUDA allocator reserved, Neuron device memory, or host RSS on CPU). TensorBoard is on
-by default (``<dump_folder>/tb``).
+torchtitan's ``log`` still computes and sends every key it knows (``memory/max_reserved(GiB)``,
+``memory/num_alloc_retries``, ``time_metrics/data_loading(%)``, ...) to TensorBoard and W&B; this
+subclass adds its own keys to them and prints the line above instead of torchtitan's (tools and
+tests read it back, ``perf.train_log``). Fields, always in this order: step, loss, grad norm,
+tokens/s per device, TFLOP/s per device (FLOPs per token as the model config counts them,
+``perf.flops``), MFU against the device's peak (torchtitan's table; ``perf.peaks`` for Trainium; n/a
+on the CPU and, as in torchtitan, when the run is quantized), peak memory with its source (CUDA
+allocator reserved, Neuron device memory, or host RSS on CPU). TensorBoard is on by default
+(``<dump_folder>/tb``).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +30,7 @@ from torchtitan.tools.logging import logger
 from qwen3_titan_common.perf.peaks import peak_flops
 
 GIB = 1024**3
+MEMORY_SOURCES = {"cuda": "CUDA allocator reserved", "neuron": "Neuron device memory", "cpu": "host RSS"}
 
 
 def _neuron_peak_memory_bytes() -> int | None:
@@ -40,6 +49,17 @@ def _neuron_peak_memory_bytes() -> int | None:
     return None
 
 
+@contextmanager
+def _without_info_lines() -> Iterator[None]:
+    """torchtitan's ``log`` prints its own step line at INFO; ours replaces it, its metrics stay."""
+    previous = logger.level
+    logger.setLevel(max(previous, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
 class Qwen3Metrics(MetricsProcessor):
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
@@ -49,22 +69,15 @@ class Qwen3Metrics(MetricsProcessor):
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
-        device_type = titan_utils.device_type
-        self.device_kind = "neuron" if device_type == "neuron" else device_type
-        name = self.device_memory_monitor.device_name
-        self.peak_flops_per_rank, self.peak_source = peak_flops(self.device_kind, str(name))
-        self.memory_source = {
-            "cuda": "CUDA allocator reserved",
-            "neuron": "Neuron device memory",
-            "cpu": "host RSS",
-        }.get(self.device_kind, f"{device_type} allocator")
+        self.device_kind = titan_utils.device_type
+        name = str(self.device_memory_monitor.device_name)
+        peak, self.peak_source = peak_flops(self.device_kind, name, titan_peak=self.gpu_peak_flops)
+        # torchtitan's log divides by this; NaN where there is no peak, so its MFU key says so too.
+        self.gpu_peak_flops = peak if peak else math.nan
+        self.memory_source = MEMORY_SOURCES.get(self.device_kind, f"{self.device_kind} allocator")
         logger.info(
             f"[metrics] MFU peak: {self.peak_source}"
-            + (
-                f" = {self.peak_flops_per_rank / 1e12:.1f} TFLOP/s per rank"
-                if self.peak_flops_per_rank
-                else ""
-            )
+            + (f" = {peak / 1e12:.1f} TFLOP/s per rank" if peak else "")
             + f"; attention FLOPs {'halved for causal' if config.flops_causal_halving else 'not halved (dense)'}"
         )
 
@@ -85,23 +98,13 @@ class Qwen3Metrics(MetricsProcessor):
         seconds = time.perf_counter() - self.time_last_log
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
         tflops = self.num_flops_per_token * tps / 1e12
-        mfu = 100 * tflops * 1e12 / self.peak_flops_per_rank if self.peak_flops_per_rank else None
+        mfu = None
+        if not (self.has_quantization or math.isnan(self.gpu_peak_flops)):
+            mfu = 100 * tflops * 1e12 / self.gpu_peak_flops
         memory = self._peak_memory_gib()
-        metrics = {
-            "loss_metrics/global_avg_loss": global_avg_loss,
-            "loss_metrics/global_max_loss": global_max_loss,
-            "grad_norm": grad_norm,
-            "throughput(tps)": tps,
-            "tflops": tflops,
-            "memory/peak(GiB)": memory,
-            "time_metrics/end_to_end(s)": seconds / self.config.log_freq,
-            "time_metrics/data_loading(s)": sum(self.data_loading_times)
-            / max(1, len(self.data_loading_times)),
-        }
-        if mfu is not None:
-            metrics["mfu(%)"] = mfu
-        metrics.update(extra_metrics or {})
-        self.logger.log(metrics, step)
+        ours = {"memory/peak(GiB)": memory, **(extra_metrics or {})}
+        with _without_info_lines():
+            super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
         color = self.color
         mfu_text = f"{mfu:.2f}%" if mfu is not None else "n/a"
         memory_text = f"{memory:.2f}GiB" if memory >= 0 else "n/a"
@@ -111,7 +114,3 @@ class Qwen3Metrics(MetricsProcessor):
             f"{color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
             f"{color.turquoise}memory: {memory_text} ({self.memory_source}){color.reset}"
         )
-        self.ntokens_since_last_log = 0
-        self.data_loading_times.clear()
-        self.time_last_log = time.perf_counter()
-        self.device_memory_monitor.reset_peak_stats()

@@ -3,7 +3,7 @@
 Order: Neuron (``torch_neuronx`` imports and ``torch.neuron.is_available()``), then CUDA,
 then CPU. torchtitan 0.3.0 has no CPU device type: at import time it falls back to
 "cuda", so on a CPU host we replace its ``device_type``/``device_module`` with
-``cpu``/``CpuDeviceModule`` right after ``torchtitan.tools.utils`` executes, before any
+``cpu`` and ``compat.CpuDeviceModule`` right after ``torchtitan.tools.utils`` executes, before any
 other torchtitan module copies those names (see ``device_autoload``).
 
 ``QWEN3_TITAN_DEVICE=cpu`` forces the CPU path on an accelerator host (tests, parity).
@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
-import resource
-import sys
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
@@ -107,74 +104,6 @@ def _cpu_info(reason: str) -> DeviceInfo:
     return DeviceInfo("cpu", 1, "gloo", "cpu", reason)
 
 
-def _total_host_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    # Linux reports KiB, macOS bytes.
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-class CpuDeviceModule:
-    """The subset of ``torch.cuda``'s interface that torchtitan's Trainer calls.
-
-    Memory figures are the host process's peak RSS, the only honest number on CPU.
-    """
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def set_device(device) -> None:
-        pass
-
-    @staticmethod
-    def synchronize(device=None) -> None:
-        pass
-
-    @staticmethod
-    def empty_cache() -> None:
-        pass
-
-    @staticmethod
-    def get_device_name(device=None) -> str:
-        return "cpu"
-
-    @staticmethod
-    def get_device_properties(device=None):
-        return SimpleNamespace(name="cpu", total_memory=_total_host_memory())
-
-    @staticmethod
-    def memory_stats(device=None) -> dict[str, int]:
-        peak = _peak_rss_bytes()
-        return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak}
-
-    @staticmethod
-    def reset_peak_memory_stats(device=None) -> None:
-        # Peak RSS cannot be reset from inside the process.
-        pass
-
-    # torchtitan's profiler records allocator history through device_module.memory.
-    memory = SimpleNamespace(
-        _record_memory_history=lambda *args, **kwargs: None,
-        _snapshot=lambda: {},
-    )
-
-
 def patch_torchtitan_utils(utils_module) -> DeviceInfo:
     """Point torchtitan's import-time device globals at the detected device.
 
@@ -183,6 +112,7 @@ def patch_torchtitan_utils(utils_module) -> DeviceInfo:
     """
     info = detect_device()
     if info.kind == "cpu":
-        utils_module.device_type = "cpu"
-        utils_module.device_module = CpuDeviceModule
+        from qwen3_titan_common.compat import use_cpu_device
+
+        use_cpu_device(utils_module)
     return info

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 from torchtitan.config import CompileConfig, TrainingConfig
@@ -21,6 +20,7 @@ from torchtitan.distributed.activation_checkpoint import SelectiveAC
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.data import TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
+from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.train.trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
 
 
@@ -129,7 +129,7 @@ def build_trainer_config(
             seq_len=shape.seq_len,
             steps=shape.steps,
         ),
-        checkpoint=CheckpointManager.Config(
+        checkpoint=Qwen3CheckpointManager.Config(
             enable=True,
             interval=shape.checkpoint_interval,
             last_save_model_only=False,

@@ -10,34 +10,32 @@
                                 float32, bfloat16 or float16
     --hf.max_shard_size S       e.g. 5GB (default), 500MB
 
-Every backend's config functions return this Config, so the flags are the same for
-all of them; a backend supplies ``model_spec_builder`` to rebuild its model from the
-checkpoint's architecture.
+Every backend's config functions return this Config (or a backend's subclass), so the flags are the
+same for all of them; a backend supplies ``model_spec_builder`` to rebuild its model from a
+checkpoint's architecture. The trainer itself only decides where the weights come from (``hf.start``)
+and when to export; the checkpoint manager (``train.checkpoint``) checks the disk and writes exports.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
-import torch.distributed as dist
 import tyro
-from torch.distributed.tensor import DTensor
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
 from qwen3_titan_common.hf.errors import CheckpointError
-from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
-from qwen3_titan_common.hf.export import EXPORT_DTYPES, ExportSpec, export_hf_dir, parse_size
+from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
-from qwen3_titan_common.train.fsdp_comms import use_sum_reduction_on_gloo
+from qwen3_titan_common.train.checkpoint import HFExportPlan
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
 
@@ -76,20 +74,14 @@ class Qwen3Trainer(Trainer):
     def __init__(self, config: Config):
         from qwen3_titan_common.train.preflight import check_before_start
 
-        self._start = _prepare_start(config)
+        self._start, config = _run_config(config)
         check_before_start(config)
-        self.keep_cuda_graphs_capturable(config)
-        self._export_dtype = _export_dtype(config, self._start)
-        self._max_shard_bytes = parse_size(config.hf.max_shard_size)
-        super().__init__(config)
-        for part in self.model_parts:  # whatever the backend's parallelize function built
-            use_sum_reduction_on_gloo(part)
-        self._use_flops_convention(config)
-        self._guard_checkpoint_disk()
-        if config.hf.export and len(self.model_parts) != 1:
+        config = self.capturable(config)
+        if config.hf.export and config.parallelism.pipeline_parallel_degree > 1:
             raise CheckpointError(
                 "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
             )
+        super().__init__(config)
 
     @classmethod
     def cuda_graph_blocker(cls, config: Config) -> str | None:
@@ -101,55 +93,18 @@ class Qwen3Trainer(Trainer):
         return None
 
     @classmethod
-    def keep_cuda_graphs_capturable(cls, config: Config) -> None:
-        """Turn torchtitan's CUDA graphs off, with one log line, where :meth:`cuda_graph_blocker` names a reason."""
+    def capturable(cls, config: Config) -> Config:
+        """The run's config with torchtitan's CUDA graphs off, and one log line, where
+        :meth:`cuda_graph_blocker` names a reason; otherwise ``config`` itself."""
         if titan_utils.device_type != "cuda" or config.training.disable_cuda_graphs:
-            return
+            return config
         reason = cls.cuda_graph_blocker(config)
-        if reason is not None:
-            config.training.disable_cuda_graphs = True
-            logger.info(f"[cuda graphs] off for this run: {reason}")
-
-    def _use_flops_convention(self, config: Config) -> None:
-        """Replace torchtitan's per-model FLOPs count with the shared one (perf/flops.py)."""
-        from qwen3_titan_common.perf.flops import flops_breakdown
-
-        causal = bool(getattr(config.metrics, "flops_causal_halving", False))
-        breakdown = flops_breakdown(config.architecture, config.training.seq_len, causal=causal)
-        self.metrics_processor.num_flops_per_token = breakdown.per_token
-        logger.info(
-            f"[metrics] {breakdown.per_token / 1e9:.3f} GFLOP per token: 6 x {breakdown.matmul_params:,} "
-            f"matmul parameters + {breakdown.attention_flops:,} attention "
-            f"({'causal-halved' if causal else 'not halved'}); {breakdown.total_params:,} parameters in all"
+        if reason is None:
+            return config
+        logger.info(f"[cuda graphs] off for this run: {reason}")
+        return dataclasses.replace(
+            config, training=dataclasses.replace(config.training, disable_cuda_graphs=True)
         )
-
-    def _guard_checkpoint_disk(self) -> None:
-        """Check free space before each checkpoint torchtitan is about to write, with the numbers."""
-        checkpointer = getattr(self, "checkpointer", None)
-        if checkpointer is None or not getattr(checkpointer, "enable", False):
-            return
-        from torch.distributed.tensor import DTensor
-
-        from qwen3_titan_common.hf.export import check_free_space
-
-        local = sum(
-            (p.to_local() if isinstance(p, DTensor) else p).numel()
-            for m in self.model_parts
-            for p in m.parameters()
-        )
-        # fp32 weights plus AdamW's two fp32 moments, as DCP stores them for this rank.
-        needed = local * 4 * 3
-        save = checkpointer.save
-        folder = Path(self.config.dump_folder) / self.config.checkpoint.folder
-        interval = self.config.checkpoint.interval
-
-        def save_with_space_check(curr_step: int, last_step: bool = False, **kwargs):
-            if last_step or curr_step % interval == 0:
-                folder.mkdir(parents=True, exist_ok=True)
-                check_free_space(folder, needed, f"checkpoint of step {curr_step}")
-            return save(curr_step, last_step=last_step, **kwargs)
-
-        checkpointer.save = save_with_space_check
 
     def train_step(self, data_iterator) -> None:
         super().train_step(data_iterator)
@@ -160,79 +115,12 @@ class Qwen3Trainer(Trainer):
             and self.step % interval == 0
             and self.step != self.config.training.steps
         ):
-            self.export_hf(self.step)
+            self.checkpointer.export_hf(self.step)
 
     def train(self):
         super().train()
         if self.config.hf.export:
-            self.export_hf(self.step)
-
-    # -- export ---------------------------------------------------------------
-
-    def export_dir_for(self, step: int) -> Path:
-        base = self.config.hf.export_dir or str(Path(self.config.dump_folder) / "hf")
-        return Path(base) / f"step-{step}"
-
-    def _hf_tensors(self, is_writer: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        spec = self.config.model_spec
-        adapter = spec.state_dict_adapter(spec.model, None)
-        for name, value in self.model_parts[0].state_dict().items():
-            if isinstance(value, DTensor):
-                value = value.full_tensor()  # a collective: every rank takes part
-            if not is_writer:
-                continue
-            value = value.detach().to("cpu", self._export_dtype)
-            yield from adapter.to_hf({name: value}).items()
-
-    def export_hf(self, step: int) -> Path | None:
-        config = self.config
-        arch = config.architecture
-        out_dir = self.export_dir_for(step)
-        is_writer = not dist.is_initialized() or dist.get_rank() == 0
-        tied = bool(getattr(self.model_parts[0], "enable_weight_tying", arch.tie_word_embeddings))
-        written: dict[str, tuple[int, ...]] = {}
-
-        def recorded(tensors):
-            for key, tensor in tensors:
-                written[key] = tuple(tensor.shape)
-                yield key, tensor
-
-        result = None
-        if is_writer:
-            expected = expected_hf_shapes(arch)
-            expected_bytes = (
-                sum(
-                    torch.Size(shape).numel()
-                    for key, shape in expected.items()
-                    if not (tied and key == LM_HEAD)
-                )
-                * EXPORT_DTYPES_ITEMSIZE[self._export_dtype]
-            )
-            spec = ExportSpec(
-                out_dir=out_dir,
-                config=dict(arch.source),
-                dtype=self._export_dtype,
-                max_shard_bytes=self._max_shard_bytes,
-                assets_dir=Path(config.hf_assets_path),
-                tie_word_embeddings=tied,
-            )
-            result = export_hf_dir(spec, recorded(self._hf_tensors(True)), expected_bytes=expected_bytes)
-            # The adapter must not drop a trained tensor (upstream's HF backend loses lm_head).
-            check_keys(f"export {result}", expected, written, tied=tied)
-            logger.info(
-                f"Exported Hugging Face checkpoint of step {step} to {result} ({len(written)} tensors)"
-            )
-        else:
-            for _ in self._hf_tensors(False):
-                pass
-        if dist.is_initialized():
-            dist.barrier()
-        return result
-
-
-EXPORT_DTYPES_ITEMSIZE = {
-    dtype: torch.tensor([], dtype=dtype).element_size() for dtype in EXPORT_DTYPES.values()
-}
+            self.checkpointer.export_hf(self.step)
 
 
 def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype:
@@ -242,8 +130,13 @@ def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype
     return EXPORT_DTYPES[name]
 
 
-def _prepare_start(config: Qwen3Trainer.Config) -> StartPoint:
-    """Point the config at the run's weights; log the decision in one line."""
+def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
+    """Where the run's weights come from (logged in one line), and the config that trains them.
+
+    With ``--hf.model_dir`` the model is the directory's (its config.json's architecture, its tokenizer,
+    its weights loaded before step 1), so the returned config is rebuilt from it; the checkpoint manager
+    gets the export plan either way.
+    """
     if config.architecture is None or config.model_spec_builder is None:
         raise CheckpointError(
             "Qwen3Trainer.Config needs `architecture` and `model_spec_builder` (set by config functions)"
@@ -255,29 +148,38 @@ def _prepare_start(config: Qwen3Trainer.Config) -> StartPoint:
         download_hint=config.hf.download_hint,
     )
     logger.info(f"[start] {start.message}")
-    model_dir = start.model_dir
+    changes: dict = {}
+    architecture = config.architecture
     if config.hf.model_dir and start.kind == "resume":
         # The architecture still comes from the directory the run started from.
         try:
-            from qwen3_titan_common.arch.architecture import read_architecture
-
-            config.architecture = read_architecture(absolute(config.hf.model_dir))
-            config.model_spec = config.model_spec_builder(config.architecture, config.model_spec.flavor)
+            architecture = read_architecture(absolute(config.hf.model_dir))
         except CheckpointError:
             pass
-    if model_dir is None:
-        return start
-    config.architecture = model_dir.architecture
-    config.model_spec = config.model_spec_builder(model_dir.architecture, config.model_spec.flavor)
-    if model_dir.has_tokenizer:
-        config.hf_assets_path = str(model_dir.path)
-    else:
-        logger.info(f"[start] {model_dir.path} has no tokenizer files: using {config.hf_assets_path}")
-    config.checkpoint = dataclasses.replace(
-        config.checkpoint,
-        enable=True,
-        initial_load_path=str(model_dir.path),
-        initial_load_in_hf=True,
-        initial_load_model_only=True,
+    model_dir = start.model_dir
+    checkpoint = config.checkpoint
+    if model_dir is not None:
+        architecture = model_dir.architecture
+        if model_dir.has_tokenizer:
+            changes["hf_assets_path"] = str(model_dir.path)
+        else:
+            logger.info(f"[start] {model_dir.path} has no tokenizer files: using {config.hf_assets_path}")
+        checkpoint = dataclasses.replace(
+            checkpoint,
+            enable=True,
+            initial_load_path=str(model_dir.path),
+            initial_load_in_hf=True,
+            initial_load_model_only=True,
+        )
+    if architecture is not config.architecture:
+        changes["architecture"] = architecture
+        changes["model_spec"] = config.model_spec_builder(architecture, config.model_spec.flavor)
+    plan = HFExportPlan(
+        base_dir=Path(config.hf.export_dir or Path(config.dump_folder) / "hf"),
+        architecture=architecture,
+        dtype=_export_dtype(config, start),
+        max_shard_bytes=parse_size(config.hf.max_shard_size),
+        assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
     )
-    return start
+    changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan)
+    return start, dataclasses.replace(config, **changes)

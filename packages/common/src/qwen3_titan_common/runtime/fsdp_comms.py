@@ -8,6 +8,9 @@ on the first backward of a multi-rank CPU run). Forcing ``SUM`` changes nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
+
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
@@ -29,3 +32,15 @@ def use_sum_reduction_on_gloo(model: nn.Module) -> bool:
     for module in fsdp_modules:
         module.set_force_sum_reduction_for_comms(True)
     return bool(fsdp_modules)
+
+
+def reducing_over_gloo_with_sum(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """A model spec's ``parallelize_fn`` whose FSDP2 groups reduce with ``SUM`` when the ranks talk over gloo."""
+
+    @wraps(parallelize_fn)
+    def parallelize(model: nn.Module, **kwargs) -> nn.Module:
+        model = parallelize_fn(model, **kwargs)
+        use_sum_reduction_on_gloo(model)
+        return model
+
+    return parallelize

@@ -1,0 +1,239 @@
+"""Every place this project reaches into torchtitan's or torch's private names, in one version-checked module.
+
+torchtitan's main branch broke 0.3.0's API within days of the release; when users ask for the next
+torchtitan (or torch), these seams are what breaks, and nowhere else: a test
+(``tests/test_private_upstream_names.py``) fails if a private upstream name is used outside this file,
+and each seam has its own test against the installed versions (``packages/common/tests/test_compat.py``).
+
+At import the installed versions are checked (from the package metadata: nothing is imported):
+torchtitan must be :data:`TORCHTITAN`, the only API these seams were written against; a torch outside
+:data:`TORCH` gets one warning line (the lent GPU's image runs torch 2.11 with two polyfills, see
+``tools/gpu_bench/compat``).
+
+The seams:
+
+- :class:`CpuDeviceModule` and :func:`use_cpu_device`: torchtitan 0.3.0 has no CPU device; its
+  ``torchtitan.tools.utils`` decides ``device_type``/``device_module`` at import, and we replace both
+  right after that module executes (``runtime.device_autoload``), before anything copies them.
+- :func:`registered_override`, :func:`registered_override_names`: torchtitan keeps ``@override``
+  factories in ``torchtitan.config.override._REGISTRY`` and has no public lookup.
+- :func:`init_computed_buffers`: the RoPE caches of a model built on the meta device are filled by
+  each module's ``_init_self_buffers``; the public ``init_states`` also draws random weights.
+- :func:`hf_storage_reader_with_aliases`: torch's ``HuggingFaceStorageReader`` reads each tensor in
+  ``_process_read_request``; reading one stored tensor under a second name (a tied checkpoint into an
+  untied model) has no public hook.
+- :func:`without_checkpoint_wrapper`: torch's activation-checkpoint wrapper inserts
+  ``_checkpoint_wrapped_module`` into parameter names.
+- :func:`lm_head_applied_by_loss`: torchtitan's Trainer tells a model that its chunked loss applies
+  ``lm_head`` by setting ``model._skip_lm_head``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from types import SimpleNamespace
+from typing import Any
+
+TORCHTITAN = "0.3.0"
+TORCH = "2.14"
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedUpstreamError(ImportError):
+    """The installed torchtitan is not the one these seams were written against."""
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def check_versions() -> None:
+    titan = _installed("torchtitan")
+    if titan is not None and titan != TORCHTITAN:
+        raise UnsupportedUpstreamError(
+            f"torchtitan {titan} is installed; qwen3-titan supports torchtitan {TORCHTITAN} only "
+            f"(its private names are used in qwen3_titan_common/compat.py): `uv sync --locked` installs it"
+        )
+    torch_version = _installed("torch")
+    if torch_version is not None and not torch_version.startswith(TORCH + "."):
+        logger.warning(
+            f"[compat] torch {torch_version} is installed; qwen3-titan is tested with torch {TORCH} "
+            "(torchtitan 0.3.0 targets it)"
+        )
+
+
+check_versions()
+
+
+# -- the CPU device ------------------------------------------------------------------------------
+
+
+def _total_host_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+class CpuDeviceModule:
+    """The subset of ``torch.cuda``'s interface that torchtitan's Trainer calls.
+
+    Memory figures are the host process's peak RSS, the only honest number on CPU.
+    """
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def device_count() -> int:
+        return 1
+
+    @staticmethod
+    def current_device() -> int:
+        return 0
+
+    @staticmethod
+    def set_device(device) -> None:
+        pass
+
+    @staticmethod
+    def synchronize(device=None) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        return "cpu"
+
+    @staticmethod
+    def get_device_properties(device=None):
+        return SimpleNamespace(name="cpu", total_memory=_total_host_memory())
+
+    @staticmethod
+    def memory_stats(device=None) -> dict[str, int]:
+        peak = _peak_rss_bytes()
+        return {"active_bytes.all.peak": peak, "reserved_bytes.all.peak": peak}
+
+    @staticmethod
+    def reset_peak_memory_stats(device=None) -> None:
+        # Peak RSS cannot be reset from inside the process.
+        pass
+
+    # torchtitan's profiler records allocator history through device_module.memory (torch.cuda's
+    # private recorder); the CPU has none.
+    memory = SimpleNamespace(
+        _record_memory_history=lambda *args, **kwargs: None,
+        _snapshot=lambda: {},
+    )
+
+
+def use_cpu_device(titan_utils_module) -> None:
+    """Point ``torchtitan.tools.utils``'s import-time device globals at the CPU (right after it executes)."""
+    titan_utils_module.device_type = "cpu"
+    titan_utils_module.device_module = CpuDeviceModule
+
+
+# -- torchtitan's override registry ----------------------------------------------------------------
+
+
+def _override_registry() -> dict[str, Any]:
+    from torchtitan.config import override as override_module
+
+    return override_module._REGISTRY
+
+
+def registered_override(target: str) -> Any | None:
+    """The ``@override`` registration of factory ``target`` ('module.function'), or None."""
+    return _override_registry().get(target)
+
+
+def registered_override_names() -> list[str]:
+    """Every registered ``@override`` factory, as 'module.function'."""
+    return list(_override_registry())
+
+
+# -- models built on the meta device ----------------------------------------------------------------
+
+
+def init_computed_buffers(model) -> None:
+    """Fill the buffers torchtitan computes (RoPE caches) on a model whose weights come from elsewhere."""
+    for module in model.modules():
+        if hasattr(module, "_init_self_buffers"):
+            module._init_self_buffers(buffer_device=None)
+
+
+def without_checkpoint_wrapper(name: str) -> str:
+    """A parameter name as it reads without torch's activation-checkpoint wrapper in it."""
+    return name.replace("._checkpoint_wrapped_module", "")
+
+
+def lm_head_applied_by_loss(model) -> bool:
+    """Whether torchtitan's chunked loss applies ``model.lm_head`` itself (the model returns hidden states)."""
+    return bool(getattr(model, "_skip_lm_head", False))
+
+
+# -- torch's Hugging Face checkpoint reader ---------------------------------------------------------
+
+
+@cache
+def _aliasing_reader_class():
+    import dataclasses
+
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    class AliasingHFStorageReader(HuggingFaceStorageReader):
+        """torch's HF reader that reads some tensors from another stored tensor's bytes."""
+
+        def __init__(self, path: str, aliases: dict[str, str], note: str | None):
+            super().__init__(path)
+            self.aliases = dict(aliases)
+            self.note = note
+
+        def read_metadata(self):
+            metadata = super().read_metadata()
+            tensors = metadata.state_dict_metadata
+            for alias, stored in self.aliases.items():
+                if alias in tensors or stored not in tensors:
+                    continue
+                tensors[alias] = tensors[stored]
+                for index, info in list(metadata.storage_data.items()):
+                    if index.fqn == stored:
+                        metadata.storage_data[dataclasses.replace(index, fqn=alias)] = info
+                logger.info(f"{self.path}: {self.note or f'{alias} is read from {stored}'}")
+            return metadata
+
+        def _process_read_request(self, f, req, planner) -> None:
+            stored = self.aliases.get(req.storage_index.fqn)
+            if stored is not None and req.storage_index.fqn not in f.keys():
+                req = dataclasses.replace(
+                    req, storage_index=dataclasses.replace(req.storage_index, fqn=stored)
+                )
+            super()._process_read_request(f, req, planner)
+
+    return AliasingHFStorageReader
+
+
+def hf_storage_reader_with_aliases(path: str, aliases: dict[str, str], note: str | None = None):
+    """torch's ``HuggingFaceStorageReader`` for ``path`` where each ``alias`` absent from the files is read
+    from the stored tensor it maps to (e.g. ``{"lm_head.weight": "model.embed_tokens.weight"}``); ``note``
+    is logged when that happens."""
+    return _aliasing_reader_class()(path, aliases, note)

@@ -1,0 +1,135 @@
+"""torchtitan's checkpoint manager, plus the disk check before each save and the Hugging Face export.
+
+``Qwen3CheckpointManager`` is what ``--checkpoint.*`` builds for every backend (``build_trainer_config``):
+
+- before each step checkpoint torchtitan is about to write, it checks that the folder's disk has room
+  for it (fp32 weights and AdamW's two fp32 moments, as DCP stores them) and fails with the numbers;
+- ``export_hf(step)`` writes a Hugging Face directory (safetensors shards, config.json, tokenizer) of
+  the trained weights through the model's state-dict adapter, the same one torchtitan's own checkpoints
+  use; the trainer calls it at ``--hf.export_interval`` and at the end (``train.trainer``).
+
+What and where to export comes from the run's ``--hf.*`` flags as an :class:`HFExportPlan`, which the
+trainer puts into this component's Config before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import tyro
+from torch.distributed.tensor import DTensor
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
+from qwen3_titan_common.hf.export import ExportSpec, check_free_space, export_hf_dir
+
+
+@dataclass(frozen=True)
+class HFExportPlan:
+    """Where and how a run writes its Hugging Face directories (from ``--hf.*``)."""
+
+    base_dir: Path  # exports go to base_dir/step-N
+    architecture: Qwen3Architecture
+    dtype: torch.dtype
+    max_shard_bytes: int
+    assets_dir: Path  # tokenizer and generation config copied into each export
+
+    def dir_for(self, step: int) -> Path:
+        return self.base_dir / f"step-{step}"
+
+
+def _local_numel(param: torch.Tensor) -> int:
+    return (param.to_local() if isinstance(param, DTensor) else param).numel()
+
+
+class Qwen3CheckpointManager(CheckpointManager):
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        hf_export: Annotated[HFExportPlan | None, tyro.conf.Suppress] = None
+        """Set by the trainer from --hf.*: where and how Hugging Face exports are written."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        model_parts: list[nn.Module],
+        sd_adapter,
+        **kwargs,
+    ) -> None:
+        super().__init__(config, model_parts=model_parts, sd_adapter=sd_adapter, **kwargs)
+        self.hf_export = config.hf_export
+        self.export_model_parts = model_parts
+        self.export_adapter = sd_adapter
+        # fp32 weights plus AdamW's two fp32 moments, as DCP stores them for this rank.
+        self.checkpoint_bytes = 3 * 4 * sum(_local_numel(p) for m in model_parts for p in m.parameters())
+
+    def save(self, curr_step: int, last_step: bool = False) -> bool:
+        if self.enable and not self.load_only and (last_step or curr_step % self.interval == 0):
+            folder = Path(self.folder)
+            folder.mkdir(parents=True, exist_ok=True)
+            check_free_space(folder, self.checkpoint_bytes, f"checkpoint of step {curr_step}")
+        return super().save(curr_step, last_step)
+
+    # -- Hugging Face export ---------------------------------------------------------------------
+
+    def _hf_tensors(self, is_writer: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        assert self.hf_export is not None
+        for name, value in self.export_model_parts[0].state_dict().items():
+            if isinstance(value, DTensor):
+                value = value.full_tensor()  # a collective: every rank takes part
+            if not is_writer:
+                continue
+            value = value.detach().to("cpu", self.hf_export.dtype)
+            yield from self.export_adapter.to_hf({name: value}).items()
+
+    def export_hf(self, step: int) -> Path | None:
+        """Write the model as a Hugging Face directory; every rank calls it, rank 0 writes."""
+        plan = self.hf_export
+        if plan is None:
+            return None
+        arch = plan.architecture
+        model = self.export_model_parts[0]
+        is_writer = not dist.is_initialized() or dist.get_rank() == 0
+        tied = bool(getattr(model, "enable_weight_tying", arch.tie_word_embeddings))
+        written: dict[str, tuple[int, ...]] = {}
+
+        def recorded(tensors):
+            for key, tensor in tensors:
+                written[key] = tuple(tensor.shape)
+                yield key, tensor
+
+        result = None
+        if is_writer:
+            expected = expected_hf_shapes(arch)
+            itemsize = torch.tensor([], dtype=plan.dtype).element_size()
+            expected_bytes = itemsize * sum(
+                torch.Size(shape).numel() for key, shape in expected.items() if not (tied and key == LM_HEAD)
+            )
+            spec = ExportSpec(
+                out_dir=plan.dir_for(step),
+                config=dict(arch.source),
+                dtype=plan.dtype,
+                max_shard_bytes=plan.max_shard_bytes,
+                assets_dir=plan.assets_dir,
+                tie_word_embeddings=tied,
+            )
+            result = export_hf_dir(spec, recorded(self._hf_tensors(True)), expected_bytes=expected_bytes)
+            # The adapter must not drop a trained tensor (upstream's HF backend loses lm_head).
+            check_keys(f"export {result}", expected, written, tied=tied)
+            logger.info(
+                f"Exported Hugging Face checkpoint of step {step} to {result} ({len(written)} tensors)"
+            )
+        else:
+            for _ in self._hf_tensors(False):
+                pass
+        if dist.is_initialized():
+            dist.barrier()
+        return result
