@@ -3,17 +3,27 @@
 The architecture is the source of truth for every backend: model configs are built
 from it, never from a flavor name alone (torchtitan's "4B" flavor hard-codes RoPE
 theta 1e6 while Qwen3-4B-Instruct-2507 uses 5e6).
+
+``config.json`` is read by transformers' own ``Qwen3Config`` / ``Qwen3MoeConfig``, as
+``AutoConfig.from_pretrained`` reads it, so a field the file leaves out takes the value
+transformers' model would use, and RoPE settings go through transformers' normalisation
+(v4 ``rope_theta``, v5 ``rope_parameters``). What is checked here is what no backend of
+ours implements, and the sizes a file must state.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qwen3_titan_common.errors import UserInputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 
 class ArchitectureError(UserInputError):
@@ -65,105 +75,187 @@ class Qwen3Architecture:
         return Qwen3Architecture(**data)
 
 
+# Sizes a config.json must state although transformers has defaults for them: those defaults are one
+# particular checkpoint's shape (Qwen3Config's hidden 4096 x 32 layers x FFN 22016 is no published Qwen3;
+# Qwen3MoeConfig's is Qwen3-30B-A3B with 24 of its 48 layers), so a file without one describes no model, and
+# a random-init run would silently build a model of a size nobody asked for. Every other field, head_dim and
+# num_key_value_heads included, takes transformers' default: that is the model transformers builds from it.
+_REQUIRED_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# A Qwen3-MoE with every layer sparse (the only kind we build) never uses intermediate_size.
+_REQUIRED_DENSE_SIZES = ("intermediate_size",)
+_REQUIRED_MOE_SIZES = ("num_experts", "num_experts_per_tok", "moe_intermediate_size")
+# transformers v5 writes "num_local_experts" (Qwen3MoeConfig maps num_experts onto it); published configs say
+# "num_experts".
+_FIELD_ALIASES = {"num_experts": ("num_experts", "num_local_experts")}
+_POSITIVE_SIZES = (
+    *_REQUIRED_SIZES,
+    *_REQUIRED_DENSE_SIZES,
+    *_REQUIRED_MOE_SIZES,
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
 # Fields whose non-default value changes the math in a way no backend implements.
 _UNSUPPORTED_IF_SET: dict[str, Any] = {
     "attention_bias": False,
     "use_sliding_window": False,
-    "rope_scaling": None,
 }
 
 
-def _rope_theta(config: Mapping[str, Any], where: str) -> float:
-    # transformers v5 writes rope settings under "rope_parameters"; v4 used "rope_theta".
-    params = config.get("rope_parameters")
-    if isinstance(params, Mapping):
-        rope_type = params.get("rope_type", "default")
-        if rope_type != "default":
-            raise ArchitectureError(
-                f"{where}: rope_parameters.rope_type={rope_type!r} is not supported "
-                "(expected 'default': plain RoPE)"
-            )
-        if "rope_theta" in params:
-            return float(params["rope_theta"])
-    if "rope_theta" in config:
-        return float(config["rope_theta"])
-    raise ArchitectureError(f"{where}: missing 'rope_theta' (or rope_parameters.rope_theta)")
-
-
-def _require(config: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
-    if key not in config:
-        raise ArchitectureError(f"{where}: missing required field '{key}'")
-    value = config[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ArchitectureError(f"{where}: field '{key}' is {value!r}, expected {kind.__name__}")
-    return value
-
-
-def architecture_from_config(config: Mapping[str, Any], where: str = "config.json") -> Qwen3Architecture:
+def _check_model_type(config: Mapping[str, Any], where: str) -> str:
     model_type = config.get("model_type")
     if model_type not in (DENSE_MODEL_TYPE, MOE_MODEL_TYPE):
         raise ArchitectureError(
             f"{where}: model_type={model_type!r}, expected '{DENSE_MODEL_TYPE}' or '{MOE_MODEL_TYPE}'"
         )
-    for key, supported in _UNSUPPORTED_IF_SET.items():
-        if config.get(key, supported) not in (supported,):
-            raise ArchitectureError(
-                f"{where}: field '{key}'={config[key]!r} is not supported (expected {supported!r})"
-            )
-    act = config.get("hidden_act", "silu")
-    if act != "silu":
-        raise ArchitectureError(f"{where}: field 'hidden_act'={act!r} is not supported (expected 'silu')")
+    return model_type
 
-    hidden = _require(config, "hidden_size", int, where)
-    heads = _require(config, "num_attention_heads", int, where)
-    head_dim = config.get("head_dim") or hidden // heads
-    moe = None
-    if model_type == MOE_MODEL_TYPE:
-        moe = MoEArchitecture(
-            # transformers v5 writes "num_local_experts"; the published configs say "num_experts".
-            num_experts=_require(
-                config,
-                "num_local_experts"
-                if "num_experts" not in config and "num_local_experts" in config
-                else "num_experts",
-                int,
-                where,
-            ),
-            num_experts_per_tok=_require(config, "num_experts_per_tok", int, where),
-            moe_intermediate_size=_require(config, "moe_intermediate_size", int, where),
-            norm_topk_prob=bool(config.get("norm_topk_prob", False)),
-            decoder_sparse_step=int(config.get("decoder_sparse_step", 1)),
-            mlp_only_layers=tuple(config.get("mlp_only_layers") or ()),
+
+def _check_required(config: Mapping[str, Any], model_type: str, where: str) -> None:
+    sizes = _REQUIRED_SIZES + (_REQUIRED_MOE_SIZES if model_type == MOE_MODEL_TYPE else _REQUIRED_DENSE_SIZES)
+    for key in sizes:
+        if not any(name in config for name in _FIELD_ALIASES.get(key, (key,))):
+            raise ArchitectureError(f"{where}: missing required field '{key}'")
+
+
+def _check_rope_scaling(config: Mapping[str, Any], where: str) -> None:
+    # Checked as the file wrote it, before transformers sees it: transformers folds rope_scaling into
+    # rope_parameters (losing the field's name) and validates the scaling parameters first.
+    if config.get("rope_scaling") is not None:
+        raise ArchitectureError(
+            f"{where}: field 'rope_scaling'={config['rope_scaling']!r} is not supported (expected None)"
         )
-        if moe.decoder_sparse_step != 1 or moe.mlp_only_layers:
+
+
+def _check_moe_head_dim(config: Mapping[str, Any], model_type: str, where: str) -> None:
+    # Qwen3MoeConfig does not declare head_dim, so transformers neither type-checks it nor names it when it
+    # trips over it (its RoPE validation compares it with an int).
+    head_dim = config.get("head_dim")
+    if model_type != MOE_MODEL_TYPE or head_dim is None:
+        return
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+        raise ArchitectureError(f"{where}: field 'head_dim' is {head_dim!r}, expected a positive integer")
+
+
+def _one_line(err: BaseException) -> str:
+    # KeyError's str() is the repr of its argument; the argument itself is the message.
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    return " ".join(str(text).split())
+
+
+def _transformers_config(config: Mapping[str, Any], model_type: str, where: str) -> PreTrainedConfig:
+    # Imported here, not at the top: transformers brings torch in (seconds), and the launcher imports this
+    # module (through assets and hf) before it knows whether any config.json will be read.
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import Qwen3Config, Qwen3MoeConfig
+
+    config_class = Qwen3MoeConfig if model_type == MOE_MODEL_TYPE else Qwen3Config
+    try:
+        # A deep copy: transformers fills defaults into the nested rope_parameters dict in place, and the
+        # caller's dict is the `source` that exports write back unchanged.
+        return config_class.from_dict(copy.deepcopy(dict(config)))
+    except StrictDataclassError as err:
+        # The cause names the field and the type transformers expected; the wrapper only adds a newline.
+        raise ArchitectureError(
+            f"{where}: {config_class.__name__} refuses it: {_one_line(err.__cause__ or err)}"
+        ) from err
+    except (ValueError, TypeError, KeyError) as err:
+        raise ArchitectureError(f"{where}: {config_class.__name__} refuses it: {_one_line(err)}") from err
+
+
+def _check_supported(hf: PreTrainedConfig, where: str) -> None:
+    for key, supported in _UNSUPPORTED_IF_SET.items():
+        if getattr(hf, key) != supported:
             raise ArchitectureError(
-                f"{where}: decoder_sparse_step={moe.decoder_sparse_step}, "
-                f"mlp_only_layers={list(moe.mlp_only_layers)}: only all-MoE layers are supported "
-                "(expected decoder_sparse_step=1 and mlp_only_layers=[])"
+                f"{where}: field '{key}'={getattr(hf, key)!r} is not supported (expected {supported!r})"
             )
-    arch = Qwen3Architecture(
-        hidden_size=hidden,
-        num_hidden_layers=_require(config, "num_hidden_layers", int, where),
-        num_attention_heads=heads,
-        num_key_value_heads=int(config.get("num_key_value_heads", heads)),
-        head_dim=int(head_dim),
-        intermediate_size=_require(config, "intermediate_size", int, where),
-        vocab_size=_require(config, "vocab_size", int, where),
-        rope_theta=_rope_theta(config, where),
-        max_position_embeddings=_require(config, "max_position_embeddings", int, where),
-        rms_norm_eps=_require(config, "rms_norm_eps", float, where),
-        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        moe=moe,
+    rope_type = hf.rope_parameters.get("rope_type")
+    if rope_type != "default":
+        raise ArchitectureError(
+            f"{where}: rope_parameters.rope_type={rope_type!r} is not supported (expected 'default': plain RoPE)"
+        )
+    if hf.hidden_act != "silu":
+        raise ArchitectureError(
+            f"{where}: field 'hidden_act'={hf.hidden_act!r} is not supported (expected 'silu')"
+        )
+    if getattr(hf, "decoder_sparse_step", 1) != 1 or getattr(hf, "mlp_only_layers", None):
+        raise ArchitectureError(
+            f"{where}: decoder_sparse_step={hf.decoder_sparse_step}, "
+            f"mlp_only_layers={list(hf.mlp_only_layers)}: only all-MoE layers are supported "
+            "(expected decoder_sparse_step=1 and mlp_only_layers=[])"
+        )
+
+
+def _check_sizes(config: Mapping[str, Any], hf: PreTrainedConfig, where: str) -> None:
+    # transformers checks the types of these, not their values.
+    for key in _POSITIVE_SIZES:
+        value = getattr(hf, key, None)
+        if value is not None and value < 1:
+            raise ArchitectureError(f"{where}: field '{key}' is {value}, expected a positive integer")
+    if hf.num_attention_heads % hf.num_key_value_heads:
+        default = (
+            "" if "num_key_value_heads" in config else " (transformers' default: the file does not set it)"
+        )
+        raise ArchitectureError(
+            f"{where}: num_attention_heads={hf.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={hf.num_key_value_heads}{default}"
+        )
+
+
+def _rope_theta(config: Mapping[str, Any], hf: PreTrainedConfig, where: str) -> float:
+    # transformers keeps the value as written: it checks rope_parameters' keys, not their types.
+    theta = hf.rope_parameters["rope_theta"]
+    if not isinstance(theta, int | float) or isinstance(theta, bool):
+        params = config.get("rope_parameters")
+        name = (
+            "rope_parameters.rope_theta"
+            if isinstance(params, Mapping) and "rope_theta" in params
+            else "rope_theta"
+        )
+        raise ArchitectureError(f"{where}: field '{name}' is {theta!r}, expected a number")
+    return float(theta)
+
+
+def _head_dim(hf: PreTrainedConfig) -> int:
+    # Without head_dim (Qwen3MoeConfig has none), transformers' attention uses hidden_size // num_attention_heads.
+    return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+
+
+def _moe(hf: PreTrainedConfig) -> MoEArchitecture:
+    return MoEArchitecture(
+        num_experts=hf.num_experts,
+        num_experts_per_tok=hf.num_experts_per_tok,
+        moe_intermediate_size=hf.moe_intermediate_size,
+        norm_topk_prob=hf.norm_topk_prob,
+        decoder_sparse_step=hf.decoder_sparse_step,
+        mlp_only_layers=tuple(hf.mlp_only_layers),
+    )
+
+
+def architecture_from_config(config: Mapping[str, Any], where: str = "config.json") -> Qwen3Architecture:
+    model_type = _check_model_type(config, where)
+    _check_required(config, model_type, where)
+    _check_rope_scaling(config, where)
+    _check_moe_head_dim(config, model_type, where)
+    hf = _transformers_config(config, model_type, where)
+    _check_supported(hf, where)
+    _check_sizes(config, hf, where)
+    return Qwen3Architecture(
+        hidden_size=hf.hidden_size,
+        num_hidden_layers=hf.num_hidden_layers,
+        num_attention_heads=hf.num_attention_heads,
+        num_key_value_heads=hf.num_key_value_heads,
+        head_dim=_head_dim(hf),
+        intermediate_size=hf.intermediate_size,
+        vocab_size=hf.vocab_size,
+        rope_theta=_rope_theta(config, hf, where),
+        max_position_embeddings=hf.max_position_embeddings,
+        rms_norm_eps=hf.rms_norm_eps,
+        tie_word_embeddings=hf.tie_word_embeddings,
+        moe=_moe(hf) if model_type == MOE_MODEL_TYPE else None,
         source=dict(config),
     )
-    if arch.num_attention_heads % arch.num_key_value_heads:
-        raise ArchitectureError(
-            f"{where}: num_attention_heads={heads} is not a multiple of "
-            f"num_key_value_heads={arch.num_key_value_heads}"
-        )
-    return arch
 
 
 def read_architecture(model_dir: str | Path) -> Qwen3Architecture:

@@ -8,13 +8,14 @@ comes with its location (``data/train.jsonl:17``) so that errors can point at it
   so a file larger than memory still works and a bad line is reported with its number.
 - Parquet files are read into memory, only the column that is trained on.
 - ``datasets.Dataset.save_to_disk`` directories and Hub datasets are memory-mapped Arrow.
+- A directory of files is split by ``datasets``' own file-name rules, as ``load_dataset`` splits it.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,6 @@ PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = (
     "a .jsonl/.json (JSON Lines) or .parquet file, a directory of them, or a datasets.save_to_disk directory"
 )
-# Directories downloaded from the Hub keep every split side by side (data/train-*.parquet,
-# data/test-*.parquet); reading all of them would train on the test set.
-SPLIT_NAMES = frozenset({"train", "test", "validation", "valid", "dev", "eval"})
 
 
 class DatasetError(UserInputError):
@@ -86,33 +84,81 @@ def _is_saved_dataset(directory: Path) -> bool:
     )
 
 
-def _is_hidden(relative: Path) -> bool:
-    # `hf download --local-dir` keeps its own metadata under .cache/.
-    return any(part.startswith(".") for part in relative.parts)
+def _is_data_file(path: Path) -> bool:
+    return path.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES
 
 
-def _split_tokens(relative: Path) -> set[str]:
-    return set(re.split(r"[/\\._\-]+", relative.as_posix().lower()))
+def _resolve(pattern: str, base: str) -> list[str]:
+    from datasets.data_files import resolve_pattern
+
+    try:
+        return resolve_pattern(pattern, base_path=base)
+    except FileNotFoundError:  # a pattern that matches nothing; datasets' DataFilesList skips it too
+        return []
+
+
+def _split_files(directory: Path) -> tuple[dict[str, list[Path]], list[Path]]:
+    """The directory's data files by split, as ``datasets.load_dataset(directory)`` assigns them, and all of them.
+
+    Directories from the Hub keep every split side by side; reading all of them would train on the test set.
+    The rules are datasets' own (``datasets.data_files.get_data_patterns``): shards named
+    ``data/{split}-00000-of-00002.*``, else a split keyword as a word of a folder or file name (``train``/
+    ``training``; ``validation``/``valid``/``dev``/``val``; ``test``/``testing``/``eval``/``evaluation``), else
+    every file is ``train``; hidden files, ``__*`` folders and ``dataset_info.json``-like metadata are skipped.
+    Where we differ from ``load_dataset``: only .jsonl/.json/.parquet files are kept (it reads the most common
+    format and refuses mixed splits), a file that two patterns of a split match is read once (it reads it
+    twice), and a split's files are in path order, so that a checkpointed order stays valid. Patterns are
+    resolved with ``resolve_pattern`` rather than ``DataFilesDict.from_patterns``, which also stats every file
+    for a cache hash we do not use and may show a progress bar.
+    """
+    from datasets.data_files import EmptyDatasetError, get_data_patterns
+
+    base = directory.resolve().as_posix()
+    # datasets joins its patterns onto the directory's path: a '[' or '*' in that path must match itself.
+    pattern_base = glob.escape(base)
+
+    def ours(matched: list[str]) -> list[Path]:
+        relative = {Path(f).relative_to(base) for f in matched}
+        return sorted(directory / r for r in relative if _is_data_file(r))
+
+    try:
+        patterns = get_data_patterns(pattern_base)
+    except EmptyDatasetError:
+        return {}, []
+    except ValueError as e:  # data/{split}-00000-of-00001.* shards whose split is not a word
+        raise DatasetError(
+            f"--dataloader.dataset '{directory}': datasets cannot name its splits ({e}); rename the files "
+            "data/SPLIT-00000-of-00001.EXT with SPLIT a word such as train or test"
+        ) from None
+    splits = {
+        str(split): ours([f for p in split_patterns for f in _resolve(p, pattern_base)])
+        for split, split_patterns in patterns.items()
+    }
+    return splits, ours(_resolve("**", pattern_base))
 
 
 def _data_files(directory: Path, split: str) -> tuple[list[Path], str | None]:
-    found = sorted(
-        p
-        for p in directory.rglob("*")
-        if p.is_file()
-        and p.suffix.lower() in JSONL_SUFFIXES + PARQUET_SUFFIXES
-        and not _is_hidden(p.relative_to(directory))
-    )
-    named_splits = {name for p in found for name in _split_tokens(p.relative_to(directory)) & SPLIT_NAMES}
-    if not named_splits:
-        return found, None
-    chosen = [p for p in found if split in _split_tokens(p.relative_to(directory))]
-    if not chosen:
+    splits, found = _split_files(directory)
+    if not found:
+        return [], None
+    readable = {name: files for name, files in splits.items() if files}
+    if split in splits and split not in readable:
         raise DatasetError(
-            f"--dataloader.dataset '{directory}': its files are named by split ({', '.join(sorted(named_splits))}) "
-            f"but none by --dataloader.split '{split}'; pass one of those as --dataloader.split"
+            f"--dataloader.dataset '{directory}': split '{split}' (as datasets.load_dataset splits the directory) "
+            f"holds no .jsonl, .json or .parquet file; expected {SUPPORTED}"
         )
-    return chosen, f"reading split '{split}' only ({len(chosen)} of {len(found)} files; --dataloader.split)"
+    if split not in readable:
+        raise DatasetError(
+            f"--dataloader.dataset '{directory}': no split '{split}' (splits found, named as "
+            f"datasets.load_dataset names them: {', '.join(readable) or 'none with such files'}); pass one as --dataloader.split"
+        )
+    chosen = readable[split]
+    if len(chosen) == len(found):
+        return chosen, None
+    return chosen, (
+        f"reading split '{split}' only ({len(chosen)} of {len(found)} data files; splits: {', '.join(readable)}; "
+        "--dataloader.split)"
+    )
 
 
 def resolve_dataset(spec: str, *, split: str = "train", allow_network: bool = False) -> ResolvedDataset:
@@ -123,7 +169,7 @@ def resolve_dataset(spec: str, *, split: str = "train", allow_network: bool = Fa
         raise DatasetError(f"--dataloader.dataset is empty; pass {SUPPORTED}, or '{DEFAULT_DATASET}'")
     path = Path(spec).expanduser()
     if path.is_file():
-        if path.suffix.lower() not in JSONL_SUFFIXES + PARQUET_SUFFIXES:
+        if not _is_data_file(path):
             raise DatasetError(
                 f"--dataloader.dataset '{spec}': unsupported file type '{path.suffix or '(none)'}'; expected {SUPPORTED}"
             )
