@@ -257,3 +257,16 @@ def test_embedded_default_is_a_few_million_parameters():
     total = arch.vocab_size * arch.hidden_size + arch.num_hidden_layers * per_layer
     assert 1_000_000 < total < 10_000_000
     assert arch.tie_word_embeddings
+
+
+def test_changed_architecture_describes_itself_in_its_source():
+    # An export writes `source` as config.json: a 4-layer cut of a 48-layer model must say 4 layers.
+    from qwen3_titan_common.arch.published import published_architecture
+
+    full = published_architecture("Qwen3-30B-A3B")
+    cut = full.with_changes(num_hidden_layers=4, tie_word_embeddings=True)
+    assert cut.num_hidden_layers == 4 and cut.source["num_hidden_layers"] == 4
+    assert cut.source["tie_word_embeddings"] is True and full.source["num_hidden_layers"] == 48
+    assert architecture_from_config(cut.source) == cut
+    with pytest.raises(ValueError, match="with_changes\\(is_moe=...\\)"):
+        full.with_changes(is_moe=False)

@@ -30,13 +30,21 @@ def missing_provider(name: str) -> str | None:
     return RECIPE_PROVIDERS[name]
 
 
-def _resolve(name: str):
+def missing_provider_message(name: str) -> str | None:
+    """The one line for recipe ``name`` whose backend is not installed, or None when it is."""
     package = missing_provider(name)
-    if package is not None:
-        raise BackendNotInstalledError(
-            f"--config {name} is provided by the '{package}' package, which is not installed in this "
-            f"environment: run `uv sync --package {package}` (or `uv run --package {package} ...`)"
-        )
+    if package is None:
+        return None
+    return (
+        f"--config {name} is provided by the '{package}' package, which is not installed in this "
+        f"environment: run `uv sync --package {package}` (or `uv run --package {package} train ...`)"
+    )
+
+
+def _resolve(name: str):
+    message = missing_provider_message(name)
+    if message is not None:
+        raise BackendNotInstalledError(message)
     return next(iter(_entry_points(group=RECIPE_GROUP, name=name))).load()()
 
 

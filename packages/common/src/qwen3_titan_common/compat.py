@@ -30,6 +30,7 @@ The seams:
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import resource
@@ -156,8 +157,8 @@ def use_cpu_device(titan_utils_module) -> None:
 
 
 def _override_registry() -> dict[str, Any]:
-    from torchtitan.config import override as override_module
-
+    # The module, not the decorator that torchtitan.config re-exports under the same name.
+    override_module = importlib.import_module("torchtitan.config.override")
     return override_module._REGISTRY
 
 

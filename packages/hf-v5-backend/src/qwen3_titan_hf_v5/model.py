@@ -184,7 +184,8 @@ class HFCausalLM(BaseModel):
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         for module in self.modules():
-            if "inv_freq" not in module._buffers or not hasattr(module, "rope_type"):
+            buffers = dict(module.named_buffers(recurse=False))
+            if "inv_freq" not in buffers or not hasattr(module, "rope_type"):
                 continue
             if module.rope_type == "default":
                 rope_init = module.compute_default_rope_parameters
@@ -193,7 +194,7 @@ class HFCausalLM(BaseModel):
             inv_freq, attention_scaling = rope_init(module.config)
             device = buffer_device or module.inv_freq.device
             module.inv_freq = inv_freq.to(device)
-            if "original_inv_freq" in module._buffers:
+            if "original_inv_freq" in buffers:
                 module.original_inv_freq = inv_freq.clone().to(device)
             module.attention_scaling = attention_scaling
 

@@ -71,9 +71,38 @@ class Qwen3Architecture:
         return data
 
     def with_changes(self, **changes: Any) -> Qwen3Architecture:
+        """This architecture with some top-level fields changed, in ``source`` too: an export writes
+        ``source`` as its config.json, which must describe the weights next to it."""
         data = {**self.__dict__, **changes}
+        source = dict(self.source)
+        for key, value in changes.items():
+            if key in _SOURCE_FIELDS:
+                source[key] = value
+            elif key == "moe" and value is not None:
+                source.update(
+                    num_experts=value.num_experts,
+                    num_experts_per_tok=value.num_experts_per_tok,
+                    moe_intermediate_size=value.moe_intermediate_size,
+                    norm_topk_prob=value.norm_topk_prob,
+                )
+            elif key == "rope_theta":
+                if isinstance(source.get("rope_parameters"), dict):
+                    source["rope_parameters"] = {**source["rope_parameters"], "rope_theta": value}
+                else:
+                    source["rope_theta"] = value
+            elif key != "source":
+                raise ValueError(
+                    f"with_changes({key}=...): not a config.json field this architecture can change"
+                )
+        data["source"] = source
         return Qwen3Architecture(**data)
 
+
+# Fields of Qwen3Architecture that are config.json fields of the same name.
+_SOURCE_FIELDS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
+)  # fmt: skip
 
 # Sizes a config.json must state although transformers has defaults for them: those defaults are one
 # particular checkpoint's shape (Qwen3Config's hidden 4096 x 32 layers x FFN 22016 is no published Qwen3;

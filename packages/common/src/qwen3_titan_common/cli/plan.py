@@ -168,14 +168,11 @@ def check_config_name(module: str, config: str) -> None:
             f"--config {config}: not a config function of {module}; available: {', '.join(names)}"
         )
     if module == "neuron_qwen3":
-        from neuron_qwen3.config_registry import missing_provider
+        from neuron_qwen3.config_registry import missing_provider_message
 
-        package = missing_provider(config)
-        if package is not None:
-            raise LaunchError(
-                f"--config {config} is provided by the '{package}' package, which is not installed in this "
-                f"environment: run `uv sync --package {package}` (or `uv run --package {package} train ...`)"
-            )
+        message = missing_provider_message(config)
+        if message is not None:
+            raise LaunchError(message)
 
 
 def check_model_dir(titan_args: list[str]) -> None:

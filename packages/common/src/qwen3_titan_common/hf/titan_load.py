@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import torch
 from safetensors import safe_open
 
+from qwen3_titan_common.compat import init_computed_buffers
 from qwen3_titan_common.hf.model_dir import HFModelDir
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
@@ -137,8 +138,6 @@ def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32,
     # replaced by the checkpoint's tensors; only computed buffers (RoPE caches) are
     # initialised here, which skips a random init of the whole model.
     model.to_empty(device="cpu")
-    for module in model.modules():
-        if hasattr(module, "_init_self_buffers"):
-            module._init_self_buffers(buffer_device=None)
+    init_computed_buffers(model)
     load_hf_into_titan(model, model_config, spec.state_dict_adapter, model_dir, dtype, expected_keys)
     return model.eval()

@@ -1,0 +1,112 @@
+"""One test per seam of ``qwen3_titan_common.compat``, each against the installed torch and torchtitan.
+
+If an upgrade renames or removes a private name these seams use, the matching test here fails, and
+compat.py is the one file to change.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import types
+
+import pytest
+import torch
+from qwen3_titan_common import compat
+
+
+def test_versions_are_checked_from_the_package_metadata(monkeypatch, caplog):
+    assert compat._installed("torchtitan") == compat.TORCHTITAN  # the environment this suite runs in
+    versions = {"torchtitan": "0.4.0", "torch": "2.14.1"}
+    monkeypatch.setattr(compat, "_installed", versions.get)
+    with pytest.raises(
+        compat.UnsupportedUpstreamError, match=r"torchtitan 0\.4\.0 is installed; .* 0\.3\.0 only"
+    ):
+        compat.check_versions()
+    versions.update(torchtitan="0.3.0", torch="2.11.0+cu130")
+    with caplog.at_level(logging.WARNING, logger="qwen3_titan_common.compat"):
+        compat.check_versions()
+    assert "torch 2.11.0+cu130 is installed; qwen3-titan is tested with torch 2.14" in caplog.text
+
+
+def test_cpu_device_replaces_what_torchtitan_reads_at_import():
+    import torchtitan.tools.utils as titan_utils
+
+    # The two globals torchtitan's modules copy at import: the seam relies on their names.
+    assert hasattr(titan_utils, "device_type") and hasattr(titan_utils, "device_module")
+    fake = types.SimpleNamespace(device_type="cuda", device_module=torch.cuda)
+    compat.use_cpu_device(fake)
+    assert fake.device_type == "cpu" and fake.device_module is compat.CpuDeviceModule
+    # torchtitan's profiler and memory monitor call these on device_module.
+    stats = compat.CpuDeviceModule.memory_stats()
+    assert stats["reserved_bytes.all.peak"] > 0 and compat.CpuDeviceModule.memory._snapshot() == {}
+
+
+def test_override_registry_lookup_finds_registered_factories():
+    from torchtitan.config import override
+    from torchtitan.models.common.nn_modules import RMSNorm
+
+    @override(target=RMSNorm.Config, description="compat seam test")
+    def _compat_seam_factory(cfg):
+        return cfg
+
+    name = f"{_compat_seam_factory.__module__}._compat_seam_factory"  # torchtitan keys by module.function
+    assert compat.registered_override(name) is not None
+    assert name in compat.registered_override_names()
+    assert compat.registered_override("no.such.factory") is None
+
+
+def test_computed_buffers_are_filled_on_a_model_built_on_meta():
+    from qwen3_titan_common.assets import default_architecture
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
+
+    config = titan_qwen3_model_config(default_architecture())
+    torch.manual_seed(0)
+    reference = config.build()
+    reference.init_states()
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device="cpu")
+    compat.init_computed_buffers(model)
+    expected = dict(reference.named_buffers())
+    got = dict(model.named_buffers())
+    assert expected and expected.keys() == got.keys()
+    for name, buffer in expected.items():
+        assert torch.equal(got[name], buffer), name
+
+
+def test_checkpoint_wrapper_prefix_is_stripped():
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(4, 4)})
+    FullAC.Config().build(dump_folder="").apply(model)
+    names = [name for name, _ in model.named_parameters()]
+    assert any("._checkpoint_wrapped_module" in name for name in names), names
+    assert sorted(compat.without_checkpoint_wrapper(n) for n in names) == ["layers.0.bias", "layers.0.weight"]
+
+
+def test_lm_head_flag_is_the_one_torchtitans_trainer_sets():
+    from torchtitan import trainer
+
+    assert "._skip_lm_head = True" in inspect.getsource(trainer.Trainer.__init__)
+    model = torch.nn.Linear(2, 2)
+    assert compat.lm_head_applied_by_loss(model) is False
+    model._skip_lm_head = True
+    assert compat.lm_head_applied_by_loss(model) is True
+
+
+def test_hf_reader_reads_an_alias_from_the_stored_tensor(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    embed = torch.randn(8, 4)
+    save_file({"model.embed_tokens.weight": embed}, str(tmp_path / "model.safetensors"))
+    state = {"model.embed_tokens.weight": torch.zeros(8, 4), "lm_head.weight": torch.zeros(8, 4)}
+    reader = compat.hf_storage_reader_with_aliases(
+        str(tmp_path), {"lm_head.weight": "model.embed_tokens.weight"}, note="tied"
+    )
+    dcp.load(state, storage_reader=reader)
+    assert torch.equal(state["lm_head.weight"], embed) and torch.equal(
+        state["model.embed_tokens.weight"], embed
+    )

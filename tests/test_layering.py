@@ -1,0 +1,236 @@
+"""The shape of the code: no import cycles, common's layers import only downwards, and private names of
+torchtitan and torch are used in one version-checked place (``qwen3_titan_common/compat.py``).
+
+Read from the source with ``ast`` (nothing is imported), over every package's ``src/`` and ``examples/``.
+Imports inside functions count too: a lazy import still ties the two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = sorted((ROOT / "packages").glob("*/src")) + [ROOT / "examples"]
+COMPAT = ROOT / "packages/common/src/qwen3_titan_common/compat.py"
+UPSTREAM = ("torch", "torchtitan")
+
+# common's layers, lowest first: a module may import its own layer and those below it.
+LAYERS = [
+    {"errors", "compat"},
+    {"runtime"},
+    {"arch"},
+    {"perf", "assets"},
+    {"models"},
+    {"hf", "data"},
+    {"train"},
+    {"cli"},
+]
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for src in SOURCES:
+        for path in src.rglob("*.py"):
+            if "assets" in path.parts and path.name != "__init__.py":
+                continue
+            parts = list(path.relative_to(src).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if parts:
+                found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """The project modules ``module`` imports (resolved to the longest known module name)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{path}: relative import (the project imports absolutely)"
+            base = node.module or ""
+            names |= {f"{base}.{alias.name}" for alias in node.names} | {base}
+    resolved = set()
+    for name in names:
+        parts = name.split(".")
+        for cut in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:cut])
+            if candidate in MODULES:
+                resolved.add(candidate)
+                break
+    resolved.discard(module)
+    # A package's __init__ being imported on the way to its submodule is not an edge of its own.
+    return {m for m in resolved if not any(other.startswith(m + ".") for other in resolved)}
+
+
+GRAPH = {module: _imports(path, module) for module, path in MODULES.items()}
+
+
+def test_there_are_modules_to_check():
+    assert "qwen3_titan_common.cli.launch" in GRAPH and "qwen3_titan_nki_moe.registry" in GRAPH
+    assert "qwen3_titan_common.cli.plan" in GRAPH["qwen3_titan_common.cli.launch"]
+
+
+def test_no_import_cycles():
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(GRAPH.get(module, ())):
+            if state.get(target) == 1:
+                cycles.append(" -> ".join([*stack[stack.index(target) :], target]))
+            elif target not in state:
+                visit(target, [*stack, target])
+        state[module] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "qwen3_titan_common" or len(parts) < 2:
+        return None
+    for rank, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return rank
+    raise AssertionError(f"{module}: not in any of common's layers (tests/test_layering.py LAYERS)")
+
+
+def test_common_imports_only_downwards():
+    upward = []
+    for module, targets in GRAPH.items():
+        rank = _layer(module)
+        if rank is None:
+            continue
+        for target in targets:
+            target_rank = _layer(target)
+            if target_rank is not None and target_rank > rank:
+                upward.append(f"{module} (layer {rank}) imports {target} (layer {target_rank})")
+    assert not upward, "\n".join(sorted(upward))
+
+
+def test_backends_never_import_each_other():
+    backends = {"qwen3_titan_native", "qwen3_titan_hf_v5", "qwen3_titan_nki_moe"}
+    crossing = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if module.split(".")[0] in backends and target.split(".")[0] in backends | {"neuron_qwen3"}
+        and target.split(".")[0] != module.split(".")[0]
+    ]  # fmt: skip
+    common = [
+        f"{module} imports {target}"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if module.startswith("qwen3_titan_common") and target.split(".")[0] in backends
+    ]
+    assert not crossing and not common, crossing + common
+
+
+# -- private upstream names ------------------------------------------------------------------------
+
+
+def _project_private_names() -> set[str]:
+    """Every ``_name`` this project defines (functions, classes, attributes, arguments): not upstream's."""
+    names = set()
+    for src in [*SOURCES, ROOT / "tests", ROOT / "tools"]:
+        for path in src.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    names.add(node.name)
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                    names.add(node.attr)
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names.add(node.id)
+                elif isinstance(node, ast.arg):
+                    names.add(node.arg)
+    return {n for n in names if n.startswith("_")}
+
+
+OURS = _project_private_names()
+
+
+def _upstream_bases(tree: ast.Module) -> dict[str, object]:
+    """Classes this module imports from torch or torchtitan, by the name they are bound to."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UPSTREAM:
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                value = getattr(module, alias.name, None)
+                if isinstance(value, type):
+                    bound[alias.asname or alias.name] = value
+    return bound
+
+
+def private_upstream_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    upstream = _upstream_bases(tree)
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    found = []
+    for node in ast.walk(tree):
+        where = f"{shown}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UPSTREAM:
+            private = [
+                p for p in (node.module or "").split(".") if p.startswith("_") and not p.startswith("__")
+            ]
+            private += [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            found += [f"{where}: imports {node.module}.{name}" for name in private]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if node.attr not in OURS:
+                found.append(f"{where}: .{node.attr}")
+        elif isinstance(node, ast.ClassDef):
+            bases = [upstream[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in upstream]
+            for item in node.body:
+                private = isinstance(item, ast.FunctionDef) and item.name.startswith("_")
+                if private and not item.name.startswith("__") and any(hasattr(b, item.name) for b in bases):
+                    found.append(f"{where}: {node.name} overrides {item.name} of an upstream class")
+    return found
+
+
+def test_private_upstream_names_live_in_compat_only():
+    found = []
+    for src in SOURCES:
+        for path in sorted(src.rglob("*.py")):
+            if path != COMPAT:
+                found += private_upstream_uses(path)
+    assert not found, "private torch/torchtitan names outside compat.py:\n" + "\n".join(found)
+
+
+def test_the_check_sees_private_names(tmp_path):
+    # The check above must be able to fail: each form it looks for, written the way code would.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import torch\n"
+        "from torchtitan.config.override import _REGISTRY\n"
+        "from torch.distributed.checkpoint import HuggingFaceStorageReader\n"
+        "x = torch._grouped_mm\n"
+        "class Reader(HuggingFaceStorageReader):\n"
+        "    def _process_read_request(self, f, req, planner):\n"
+        "        pass\n"
+    )
+    found = private_upstream_uses(sample)
+    assert any("_REGISTRY" in f for f in found)
+    assert any("._grouped_mm" in f for f in found)
+    assert any("overrides _process_read_request" in f for f in found)
+
+
+@pytest.mark.parametrize("module", ["qwen3_titan_common.compat"])
+def test_compat_is_the_only_module_allowed(module):
+    assert MODULES[module] == COMPAT and private_upstream_uses(COMPAT)  # it does use them: that is its job
