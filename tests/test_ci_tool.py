@@ -1,54 +1,93 @@
-"""tools/ci.py: its counting, its GitHub workflows, and (slow) the proof that a dropped dependency fails."""
+"""tools.ci: its counting, its GitHub workflows, the one pytest config, and (slow) the proof that a dropped
+dependency fails."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from tools.ci import environment, packages, pytest_run, workflows
+from tools.ci.results import Result, summarize
+from tools.ci.self_check import drop_dependency
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_ci():
-    spec = importlib.util.spec_from_file_location("qwen3_titan_ci_tool", ROOT / "tools" / "ci.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-ci = _load_ci()
 
 
 def test_workflows_are_current():
     stale = []
-    for path, text in ci.expected_workflows(ci.discover()).items():
+    for path, text in workflows.expected_workflows(packages.discover()).items():
         if not path.exists() or path.read_text() != text:
             stale.append(str(path.relative_to(ROOT)))
     assert not stale, (
         f"{', '.join(stale)}: missing or out of date for packages/*/pyproject.toml; "
-        f"run `uv run python tools/ci.py --write-workflows`"
+        f"run `uv run python -m tools.ci --write-workflows`"
     )
 
 
 def test_backend_workflows_also_trigger_on_common():
-    packages = ci.discover()
-    for package in packages.values():
-        text = ci.package_workflow(package, packages)
-        assert f'"{package.rel}/**"' in text
-        assert f"tools/ci.py --package {package.name}\n" in text
-        if ci.CORE in package.dependencies:
-            assert f'"packages/{ci.CORE}/**"' in text, package.name
+    found = packages.discover()
+    for package in found.values():
+        text = workflows.package_workflow(package, found)
+        assert f'"{package.rel}/**"' in text and '"tools/ci/**"' in text
+        assert f"uv run --no-project python -m tools.ci --package {package.name}\n" in text
+        if packages.CORE in package.dependencies:
+            assert f'"packages/{packages.CORE}/**"' in text, package.name
 
 
-def test_every_run_uses_the_root_pytest_config_with_strict_markers(tmp_path):
-    cmd = ci.pytest_command(["python"], "packages/x/tests", tmp_path / "j.xml", ["-k", "fast"])
+def test_every_run_uses_the_root_pytest_config(tmp_path):
+    cmd = pytest_run.pytest_command(["python"], "packages/x/tests", tmp_path / "j.xml", ["-k", "fast"])
     assert cmd[cmd.index("-c") + 1] == str(ROOT / "pyproject.toml")
     assert cmd[cmd.index("--rootdir") + 1] == str(ROOT)
-    assert "--strict-markers" in cmd and cmd[-3:] == ["packages/x/tests", "-k", "fast"]
+    assert cmd[-3:] == ["packages/x/tests", "-k", "fast"]
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert options["strict_markers"] is True
+
+
+def test_an_unregistered_marker_fails_under_the_root_config(tmp_path):
+    # The config alone, no flag: what plain `uv run pytest` and every CI step get.
+    (tmp_path / "test_marked.py").write_text("import pytest\n\n@pytest.mark.slwo\ndef test_x():\n    pass\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path),
+         "-p", "no:cacheprovider", str(tmp_path / "test_marked.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "'slwo' not found in `markers` configuration option" in proc.stdout
+
+
+def test_workspace_step_runs_the_configured_testpaths_outside_packages():
+    assert pytest_run.workspace_test_paths() == ("tests", "tools")
+    config = ROOT / "pyproject.toml"
+    assert (
+        "packages/common/tests"
+        in tomllib.loads(config.read_text())["tool"]["pytest"]["ini_options"]["testpaths"]
+    )
+
+
+def test_each_package_brings_its_own_pytest():
+    # No separate install step: the package's environment gets pytest from its own dependency group.
+    for package in packages.discover().values():
+        assert environment.missing_test_runner(package) == "", package.name
+        cmd = environment.sync_command(package)
+        assert cmd[:5] == ["uv", "sync", "--locked", "--package", package.name]
+        assert all(f"--group {g}" in " ".join(cmd) for g in package.groups) and package.groups
+
+
+def test_a_package_without_pytest_in_its_groups_is_named(tmp_path):
+    pyproject = tmp_path / "packages" / "x" / "pyproject.toml"
+    pyproject.parent.mkdir(parents=True)
+    pyproject.write_text(
+        '[project]\nname = "x"\ndependencies = []\n\n[dependency-groups]\ntest = ["numpy"]\n'
+    )
+    (package,) = packages.discover(tmp_path).values()
+    assert package.groups == ("test",) and package.group_requirements == ("numpy",)
+    assert environment.missing_test_runner(package) == (
+        f"{pyproject}: no dependency group lists pytest; expected e.g. "
+        '[dependency-groups] test = ["pytest>=9"] (its tests run in an environment holding only it)'
+    )
 
 
 def _junit(tmp_path, tests, failures=0, errors=0, skipped=0):
@@ -61,8 +100,8 @@ def _junit(tmp_path, tests, failures=0, errors=0, skipped=0):
 
 
 def test_counts_come_from_junit_and_errors_count_as_failed(tmp_path):
-    result = ci.Result("x")
-    ci.count_pytest(
+    result = Result("x")
+    pytest_run.count_pytest(
         result,
         1,
         "E   ModuleNotFoundError: No module named 'qwen3_titan_common'",
@@ -73,29 +112,29 @@ def test_counts_come_from_junit_and_errors_count_as_failed(tmp_path):
 
 
 def test_no_tests_collected_is_not_a_failure(tmp_path):
-    result = ci.Result("x")
-    ci.count_pytest(result, 5, "", _junit(tmp_path, 0))
+    result = Result("x")
+    pytest_run.count_pytest(result, 5, "", _junit(tmp_path, 0))
     assert (result.passed, result.failed, result.skipped) == (0, 0, 0)
     assert "no tests collected" in result.line() and "ok" in result.line()
 
 
 def test_a_pytest_error_without_a_report_is_one_failure(tmp_path):
-    result = ci.Result("x")
-    ci.count_pytest(result, 4, "ERROR: usage", tmp_path / "absent.xml")
+    result = Result("x")
+    pytest_run.count_pytest(result, 4, "ERROR: usage", tmp_path / "absent.xml")
     assert result.failed == 1 and "pytest exited 4" in result.line()
 
 
 def test_closing_line_sums_everything(capsys):
     results = [
-        ci.Result("a", passed=3, skipped=1, seconds=1.0),
-        ci.Result("b", passed=2, failed=1, seconds=2.0),
+        Result("a", passed=3, skipped=1, seconds=1.0),
+        Result("b", passed=2, failed=1, seconds=2.0),
     ]
-    assert ci.summarize(results, 3.0) == 1
+    assert summarize(results, 3.0) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1] == "5 passed, 1 failed, 1 skipped"
     assert lines[-3].startswith("a ") and "3 passed, 0 failed, 1 skipped in 1.0 s" in lines[-3]
     assert "FAILED" in lines[-2]
-    assert ci.summarize([ci.Result("a", passed=1)], 1.0) == 0
+    assert summarize([Result("a", passed=1)], 1.0) == 0
 
 
 def test_drop_dependency_removes_only_that_line(tmp_path):
@@ -104,12 +143,20 @@ def test_drop_dependency_removes_only_that_line(tmp_path):
         '[project]\nname = "x"\ndependencies = [\n    "common",\n    "torch==2.14.*",\n]\n\n'
         "[tool.uv.sources]\ncommon = { workspace = true }\n"
     )
-    ci.drop_dependency(pyproject, "common")
+    drop_dependency(pyproject, "common")
     assert pyproject.read_text() == (
         '[project]\nname = "x"\ndependencies = [\n    "torch==2.14.*",\n]\n\n[tool.uv.sources]\ncommon = { workspace = true }\n'
     )
     with pytest.raises(SystemExit, match="no line declaring 'numpy'"):
-        ci.drop_dependency(pyproject, "numpy")
+        drop_dependency(pyproject, "numpy")
+
+
+def test_the_command_line_runs_as_a_module_from_the_root():
+    # What README, .ci/run and the workflows call; -h needs neither uv nor the network.
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.ci", "-h"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "--self-check" in proc.stdout and "--write-workflows" in proc.stdout
 
 
 @pytest.mark.slow
@@ -117,7 +164,7 @@ def test_self_check_a_dropped_dependency_fails_its_package_and_names_the_import(
     # Copies the tree, drops native-backend's "common", relocks; the static check and the package's own
     # isolated run must both fail naming it. Tens of seconds: one more environment, hardlinked from uv's cache.
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "ci.py"), "--self-check"],
+        [sys.executable, "-m", "tools.ci", "--self-check"],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     out = proc.stdout + proc.stderr

@@ -1,5 +1,5 @@
 """What the dense CPU benchmarks share: a backend's tokens/s through `train`, and the plain
-transformers training loop they are compared against (bench_native_cpu.py, bench_hf_v5_cpu.py).
+transformers training loop they are compared against (``tools.bench_native_cpu``, ``tools.bench_hf_v5_cpu``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 TRAIN = str(Path(sys.executable).with_name("train"))
 QUIET = ["--checkpoint.no-enable", "--hf.no-export"]
 
@@ -74,10 +75,11 @@ def transformers_loop(steps: int, autocast_bf16: bool) -> float:
 def transformers_loop_in_subprocess(steps: int, autocast_bf16: bool) -> float:
     """`transformers_loop` in a fresh process, so that no benchmark shares threads or caches."""
     code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_dense_common as b; "
+        "import json; from tools import bench_dense_common as b; "
         f"print(json.dumps(b.transformers_loop({steps}, {autocast_bf16!r})))"
     )
+    # From the repository root, where `python -c` finds `tools`.
     out = subprocess.run(
-        [sys.executable, "-c", code], env=cpu_env(), capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], env=cpu_env(), capture_output=True, text=True, check=True, cwd=ROOT
     )
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -1,6 +1,6 @@
 """Benchmark: hf-v5-backend vs native-backend vs a plain transformers loop, on the CPU.
 
-    uv run python tools/bench_hf_v5_cpu.py [--repeats 3] [--steps 25] [--fp32]
+    uv run python -m tools.bench_hf_v5_cpu [--repeats 3] [--steps 25] [--fp32]
 
 All three train the embedded default (`debug`: batch 8 x seq 256, AdamW, the same config.json)
 on the CPU. The two backends run through `train` (QWEN3_TITAN_BACKEND selects each), tokens/s
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_dense_common import trainer_tokens_per_second, transformers_loop_in_subprocess
+from tools.bench_dense_common import ROOT, trainer_tokens_per_second, transformers_loop_in_subprocess
 
 
 def paired_steps(steps: int, mixed_precision_param: str) -> float:
@@ -83,11 +83,13 @@ def paired_steps(steps: int, mixed_precision_param: str) -> float:
 
 def _paired_in_subprocess(steps: int, mixed_precision_param: str) -> float:
     code = (
-        f"import sys, json; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_hf_v5_cpu as b; "
+        "import json; from tools import bench_hf_v5_cpu as b; "
         f"print(json.dumps(b.paired_steps({steps}, {mixed_precision_param!r})))"
     )
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True, cwd=ROOT
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -1,6 +1,6 @@
 """Benchmark: the embedded default on native-backend vs a plain transformers loop (CPU).
 
-    uv run python tools/bench_native_cpu.py [--repeats 3] [--steps 25]
+    uv run python -m tools.bench_native_cpu [--repeats 3] [--steps 25]
 
 Prints (issue 2's targets):
   - launch to first optimizer step of `train` (the default config), target < 15 s;
@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_dense_common import (
+from tools.bench_dense_common import (
     QUIET,
     TRAIN,
     cpu_env,

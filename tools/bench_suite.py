@@ -1,6 +1,6 @@
 """The benchmark suite: every CPU benchmark in one process sequence, one table, one JSON file.
 
-    uv run python tools/bench_suite.py [--quick] [--json bench.json]
+    uv run python -m tools.bench_suite [--quick] [--json bench.json]     # or: uv run python tools/bench_suite.py
 
 Runs, one after another on this machine (never in parallel, so they do not share cores):
   bench_native_cpu.py  native-backend vs a plain transformers Qwen3ForCausalLM loop; launch to first step
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 
 SUITE = [
     (
@@ -52,7 +53,9 @@ _TARGET = re.compile(r"target|: (met|MISSED)\b", re.IGNORECASE)
 
 def run_one(script: str, args: list[str]) -> dict:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(HERE / script), *args], capture_output=True, text=True)
+    # Each as a module from the repository root: some import their shared helpers as tools.bench_*.
+    module = f"tools.{Path(script).stem}"
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=ROOT)
     return {
         "script": script,
         "args": args,

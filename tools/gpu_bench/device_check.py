@@ -1,13 +1,18 @@
 """The lent GPU's whole session in one command: CUDA correctness first, then the benchmark.
 
-    python3 tools/gpu_bench/device_check.py [--budget 450] [--skip-tests] [bench.py flags after --]
+    python3 -m tools.gpu_bench.device_check [--budget 450] [--skip-tests] [bench flags after --]
+
+From the repository root: ``-m`` puts it, and so ``tools``, on the path. This process needs nothing of
+ours beyond ``tools``; each child gets every package's ``src/`` on its ``PYTHONPATH`` (our packages are
+never installed on the GPU image).
 
 1. The wheels the image lacks (``.whl/``, see README.md) go into one site folder, put on ``PYTHONPATH``
    with ``compat/`` (torch 2.11 polyfills) and every package's ``src/``: nothing is installed.
 2. ``pytest -m cuda tests/test_cuda.py``: each backend's CUDA losses against the CPU's from one
    checkpoint, hf-v5's flex attention, a Qwen3-1.7B-shape export loaded by transformers on the GPU
    (in parallel with pytest-xdist when the image has it).
-3. ``bench.py`` with what is left of ``--budget``: the rows, targets and a profile of each torchtitan row.
+3. ``tools.gpu_bench.bench`` with what is left of ``--budget``: the rows, targets and a profile of each
+   torchtitan row.
 
 Everything lands in ``$OUT`` as at most 8 files (the device tool's limit): ``device_check.log``,
 ``cuda_tests.log``, bench's ``summary.txt``, ``gpu_bench.json`` and ``profiles.md``, and ``logs.tar.gz``
@@ -24,10 +29,10 @@ import sys
 import tarfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-import bench  # noqa: E402
+from tools.gpu_bench.capped import Clock, run_capped
+from tools.gpu_bench.environment import child_env, install_wheels
+from tools.gpu_bench.paths import ROOT, SRC_DIRS
+from tools.gpu_bench.plan import Mode
 
 
 def _log(message: str) -> None:
@@ -48,7 +53,7 @@ def run_cuda_tests(python: str, env: dict, out: str, cap_s: float) -> int:
         command += ["-n", "5"]
     log_path = os.path.join(out, "cuda_tests.log")
     _log(f"{' '.join(command[1:])} (cap {cap_s:.0f}s)")
-    rc, timed_out, seconds = bench.run_capped(command, log_path, cap_s, env)
+    rc, timed_out, seconds = run_capped(command, log_path, cap_s, env)
     with open(log_path, errors="replace") as f:
         tail = f.read().splitlines()[-25:]
     _log(f"cuda tests: exit {rc}{' (killed at cap)' if timed_out else ''} in {seconds:.0f}s")
@@ -72,18 +77,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-tests", action="store_true", help="only the benchmark")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "outputs", "device_check"))
     p.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "device_check"))
-    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then flags for bench.py")
+    p.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then flags for tools.gpu_bench.bench")
     opts = p.parse_args(argv)
     out, work = os.path.abspath(opts.out), os.path.abspath(opts.work)
     os.makedirs(out, exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     python = sys.executable
-    clock = bench.Clock(opts.budget)
-    sites, done = bench.install_wheels(python, "auto", os.path.join(ROOT, ".whl"), work, clock)
+    clock = Clock(opts.budget)
+    sites, done = install_wheels(python, "auto", os.path.join(ROOT, ".whl"), work, clock)
     _log(done)
-    mode = bench.Mode.make(tiny=False, steps=None, device="cuda")
-    env = bench.child_env(mode, work, sites)
+    mode = Mode.make(tiny=False, steps=None, device="cuda")
+    env = child_env(mode, work, sites)
     env.pop("QWEN3_TITAN_DEVICE")  # each test chooses its device
     env.update(OMP_NUM_THREADS="4", PYTEST_ADDOPTS="")
     tests_rc = 0
@@ -91,9 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         tests_rc = run_cuda_tests(python, env, out, min(opts.tests_cap, clock.left() - 60))
     bench_args = opts.bench_args[1:] if opts.bench_args[:1] == ["--"] else opts.bench_args
     budget = max(60.0, clock.left() - 15)
-    command = [python, os.path.join(HERE, "bench.py"), "--wheels", "never", "--budget", f"{budget:.0f}"]
+    command = [python, "-m", "tools.gpu_bench.bench", "--wheels", "never", "--budget", f"{budget:.0f}"]
     command += ["--out", out, "--work", os.path.join(work, "bench"), *bench_args]
-    bench_env = {**os.environ, "PYTHONPATH": os.pathsep.join([*sites, os.environ.get("PYTHONPATH", "")])}
+    bench_path = [
+        *sites,
+        *SRC_DIRS,
+        os.environ.get("PYTHONPATH", ""),
+    ]  # the driver imports common's stdlib parts
+    bench_env = {**os.environ, "PYTHONPATH": os.pathsep.join(bench_path)}
     _log(f"bench: {' '.join(command[1:])}")
     bench_rc = subprocess.run(command, env=bench_env, cwd=ROOT).returncode
     pack_logs(out)

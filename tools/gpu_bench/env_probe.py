@@ -1,9 +1,12 @@
 """What the benchmark runs on: versions, device, which compat shims this torch needs, a bf16 GEMM.
 
-    python tools/gpu_bench/env_probe.py [--matmul N]      # prints one JSON object
+    python -m tools.gpu_bench.env_probe [--matmul N] [--imports MODULE,...]   # prints one line: ENV {json}
 
 The GEMM (N x N x N in bf16, 10 timed repetitions) is a calibration figure: what this GPU sustains
 on one large matmul, against the 989 TFLOP/s datasheet peak that MFU divides by. Skipped on CPU.
+``--imports``: each module is imported and its outcome recorded under ``imports`` (``ok`` or the
+error, traceback on stderr); the driver names torchtitan's trainer and our config registries, so a
+part whose imports fail is reported without being started.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from tools.gpu_bench.compat import shims
+
 PACKAGES = (
     "torch",
     "transformers",
@@ -66,10 +71,7 @@ def probe(matmul_n: int) -> dict:
 
     info["versions"]["torch"] = torch.__version__
     info["cuda_runtime"] = torch.version.cuda
-    sys.path.insert(0, os.path.join(HERE, "compat"))
-    import gpu_bench_shims
-
-    info["shims_needed"] = gpu_bench_shims.missing()
+    info["shims_needed"] = shims().missing()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(
@@ -99,7 +101,21 @@ def probe(matmul_n: int) -> dict:
     return info
 
 
+def try_import(module: str) -> str:
+    try:
+        __import__(module)
+        return "ok"
+    except BaseException as err:  # any failure (SystemExit included) only marks that module's parts
+        traceback.print_exc()
+        return f"{type(err).__name__}: {str(err).strip()[:200]}"
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matmul", type=int, default=8192, help="GEMM size for the calibration (0: skip)")
-    print(json.dumps(probe(parser.parse_args().matmul)), flush=True)
+    parser.add_argument("--imports", default="", help="comma-separated modules to try importing")
+    opts = parser.parse_args()
+    info = probe(opts.matmul)
+    if opts.imports:
+        info["imports"] = {m: try_import(m) for m in opts.imports.split(",") if m}
+    print("ENV " + json.dumps(info), flush=True)

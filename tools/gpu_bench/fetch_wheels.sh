@@ -6,7 +6,7 @@
 # The GPU image has Python 3.12, torch 2.11, transformers 5.17 and triton, but not torchtitan and
 # its small dependencies. Pure-Python wheels for Python 3.12 are downloaded without dependencies,
 # pinned to the versions this workspace's uv.lock resolves (the same set the gpu-anchor run used).
-# typing_extensions goes to .whl/extra/: bench.py installs it only when the image's copy is older
+# typing_extensions goes to .whl/extra/: the bench installs it only when the image's copy is older
 # than 4.14 (typeguard, under tyro, needs 4.14). Rerunning skips wheels already present.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -1,6 +1,6 @@
 """Plain transformers baseline: ``Qwen3MoeForCausalLM`` trained by a loop of our own (no torchtitan).
 
-    python tools/gpu_bench/hf_moe.py --results R.jsonl [--tiny] [--phases eager,compile]
+    python -m tools.gpu_bench.hf_moe --results R.jsonl [--tiny] [--phases eager,compile]
 
 The model is the nki-moe row's architecture (Qwen3-30B-A3B's published config.json with 4 layers;
 ``--tiny``: nki-moe's ``debug_moe``), random init, ``attn_implementation="sdpa"`` and transformers'

@@ -2,35 +2,25 @@
 
     uv run --no-sync pytest tools/gpu_bench/test_gpu_bench.py
 
-The end-to-end check is ``python tools/gpu_bench/bench.py --tiny`` (README.md); this covers what the tiny
+The end-to-end check is ``python -m tools.gpu_bench.bench --tiny`` (README.md); this covers what the tiny
 run cannot reach on a CPU: CUDA-shaped logs, the CUDA-graph retry, target verdicts, and the shims.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from tools.gpu_bench import bench, trace_summary
+from tools.gpu_bench.anchors import flops_check
+from tools.gpu_bench.compat import gpu_bench_shims as shims
+from tools.gpu_bench.plan import Mode
+from tools.gpu_bench.report import target_verdict, targets_summary
+from tools.gpu_bench.row import Row, finish_row
+from tools.gpu_bench.titan_rows import parse_titan_run
 
-
-def _load(name: str, path: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("gpu_bench_driver", os.path.join(HERE, "bench.py"))
-shims = _load("gpu_bench_shims_under_test", os.path.join(HERE, "compat", "gpu_bench_shims.py"))
-trace_summary = _load("gpu_bench_trace_summary", os.path.join(HERE, "trace_summary.py"))
-
-FULL = bench.Mode.make(tiny=False, steps=None, device=None)
+FULL = Mode.make(tiny=False, steps=None, device=None)
 
 
 def _step(n: int, tps: int, mem: float = 56.4) -> str:
@@ -56,7 +46,7 @@ def _log(first_line: str, tps: list[int], extra: str = "") -> str:
 
 
 def test_flops_check_explains_the_anchor_difference():
-    checks = {c["model"]: c for c in bench.flops_check(4096)}
+    checks = {c["model"]: c for c in flops_check(4096)}
     assert checks["1.7B"]["ours"] == 13_141_278_720
     assert checks["30B-A3B x4"]["ours"] == 4_037_541_888
     for c in checks.values():
@@ -66,14 +56,14 @@ def test_flops_check_explains_the_anchor_difference():
 def test_parse_cuda_run_takes_the_harmonic_mean_after_warmup():
     # steps 1-2 compile and capture, 6-14 are steady, 15-17 run under the profiler, 18 pays for its write
     tps = [722, 18_019] + [36_000, 36_400, 36_800] * 4 + [36_500, 30_000, 30_100, 20_000]
-    row = bench.Row("native-compile", "native-backend", "native compile", "1.7B")
+    row = Row("native-compile", "native-backend", "native compile", "1.7B")
     status = {
         "ok": True,
         "stage": "train",
         "peak_allocated_gib": 47.9,
         "shims": ["torch.distributed.set_timeout"],
     }
-    bench.parse_titan_run(row, _log("$ tt_run.py -- --compile.enable", tps), status, FULL)
+    parse_titan_run(row, _log("$ tt_run.py -- --compile.enable", tps), status, FULL)
     steady = tps[5:14]
     assert row.steady_steps == "6-14"
     assert row.tps == pytest.approx(len(steady) / sum(1 / t for t in steady))
@@ -82,16 +72,16 @@ def test_parse_cuda_run_takes_the_harmonic_mean_after_warmup():
     assert row.peak_allocated_gib == 47.9 and row.logged_memory_gib == 56.4
     assert row.cuda_graphs == "on" and row.extra["compile"] == "per-block torch.compile"
     assert row.shims == ["torch.distributed.fsdp.DataParallelMeshDims", "torch.distributed.set_timeout"]
-    bench.finish_row(row, 989e12)
+    finish_row(row, 989e12)
     assert row.mfu_pct == pytest.approx(row.trainer_mfu_pct, rel=1e-3)
 
 
 def test_targets_say_by_how_much_they_are_missed():
-    row = bench.Row("native-compile", "native-backend", "native compile", "1.7B", status="ok", tps=36_372.0)
+    row = Row("native-compile", "native-backend", "native compile", "1.7B", status="ok", tps=36_372.0)
     row.flops_per_token, row.peak_allocated_gib = 13_141_278_720, 50.0
-    bench.finish_row(row, 989e12)
-    assert bench.target_verdict(row) == "MFU -6.7pp, mem +1.9GiB"
-    lines, records = bench.targets_summary([row])
+    finish_row(row, 989e12)
+    assert target_verdict(row) == "MFU -6.7pp, mem +1.9GiB"
+    lines, records = targets_summary([row])
     assert "MISSED by 6.67 pp" in lines[1] and "MISSED by 1.85 GiB" in lines[1]
     assert records[0]["mfu_verdict"] == "missed by 6.67 pp"
     assert records[1]["verdict"] == "not measured"
@@ -102,7 +92,7 @@ def test_cuda_graph_failure_in_training_is_retried_once(monkeypatch, tmp_path, c
 
     def fake_titan(part, mode, python, env, work, logs, clock, suffix="", no_cuda_graphs=False):
         calls.append((part.id + suffix, no_cuda_graphs))
-        row = bench.Row(
+        row = Row(
             part.id + suffix, part.backend, part.label + (" no-cudagraph" if suffix else ""), part.model
         )
         row.anchor, row.seconds = part.anchor, 40.0
@@ -117,7 +107,7 @@ def test_cuda_graph_failure_in_training_is_retried_once(monkeypatch, tmp_path, c
         return row
 
     def fake_hf(part, mode, python, env, work, logs, clock):
-        return [bench.Row(f"hf_moe-{p}", part.backend, f"{part.label} {p}", part.model, status="ok", tps=80_000.0)
+        return [Row(f"hf_moe-{p}", part.backend, f"{part.label} {p}", part.model, status="ok", tps=80_000.0)
                 for p in ("eager", "compile")]  # fmt: skip
 
     info = {

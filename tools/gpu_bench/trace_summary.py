@@ -1,6 +1,6 @@
 """Where the GPU time of a profiled torchtitan step goes, from torchtitan's own profiler trace.
 
-    python tools/gpu_bench/trace_summary.py DUMP/profile/iteration_17/rank0_trace.json.gz
+    python -m tools.gpu_bench.trace_summary DUMP/profile/iteration_17/rank0_trace.json.gz
 
 torchtitan's ``--profiler.enable_profiling`` writes a Chrome trace (torch.profiler's Kineto export) of
 the last ``--profiler.profiler_active`` steps before each ``--profiler.profile_freq``-th step. This reads

@@ -1,6 +1,6 @@
 """One torchtitan training run in this process, as rank 0 of a world of one.
 
-    python tools/gpu_bench/tt_run.py --status STATUS.json -- --module qwen3_titan_native --config qwen3_1_7b [flags]
+    python -m tools.gpu_bench.tt_run --status STATUS.json -- --module qwen3_titan_native --config qwen3_1_7b [flags]
 
 Everything after ``--`` goes to ``torchtitan.train`` unchanged (the same as
 ``python -m torchtitan.train ...`` under ``torchrun --nproc_per_node=1``). Around it:
@@ -24,7 +24,8 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from tools.gpu_bench.compat import shims as compat_shims
+
 GIB = 2**30
 
 
@@ -94,11 +95,9 @@ def _hook_memory_and_stage(run: Run, torch) -> None:
 
 def main(argv: list[str], run: Run) -> int:
     _single_rank_env()
-    sys.path.insert(0, os.path.join(HERE, "compat"))
-    import gpu_bench_shims
     import torch
 
-    shims = gpu_bench_shims.apply()
+    shims = compat_shims().apply()
     try:  # what an installed `common` does through its .pth file (harmless on a GPU)
         from qwen3_titan_common.runtime.device_autoload import ensure_installed
 

@@ -11,7 +11,7 @@ The GPU image has torch 2.11, which lacks two names torchtitan 0.3.0 uses:
     is enough. Passing it to ``fully_shard(dp_mesh_dims=...)`` is not supported by the stub.
 
 :func:`apply` patches a name only when it is missing, so it changes nothing on a torch that has
-both, and prints one ``[gpu-bench compat]`` line per process saying what it did; bench.py reads
+both, and prints one ``[gpu-bench compat]`` line per process saying what it did; the driver reads
 those lines back into its report. ``GPU_BENCH_NO_SHIMS=1`` turns every shim off.
 """
 

@@ -1,4 +1,4 @@
-"""Run at start-up by every Python process whose PYTHONPATH holds this folder (bench.py puts it first).
+"""Run at start-up by every Python process whose PYTHONPATH holds this folder (the driver puts it first).
 
 Three things, none of which imports torch or torchtitan here:
 
@@ -28,9 +28,7 @@ class _ShimsBeforeTorchtitan(importlib.abc.MetaPathFinder):
         if fullname != "torchtitan" or self.done:
             return None
         self.done = True
-        if _HERE not in sys.path:
-            sys.path.append(_HERE)
-        import gpu_bench_shims
+        import gpu_bench_shims  # beside this file, so on sys.path already: this file was found there
 
         gpu_bench_shims.apply()
         return None  # the regular finders import torchtitan itself
@@ -41,7 +39,7 @@ def _run_shadowed_sitecustomize() -> None:
         if not entry or os.path.abspath(entry) == _HERE:
             continue
         candidate = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(candidate):
+        if os.path.isfile(candidate):  # by path: importing by name would find this file again
             spec = importlib.util.spec_from_file_location("_gpu_bench_shadowed_sitecustomize", candidate)
             if spec is not None and spec.loader is not None:
                 try:

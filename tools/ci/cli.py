@@ -1,0 +1,75 @@
+"""The command line: which steps run, with which pytest arguments; the closing summary's exit status."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+
+from tools.ci.environment import ENVS
+from tools.ci.package_run import run_package
+from tools.ci.packages import discover, normalize
+from tools.ci.process import say
+from tools.ci.results import summarize
+from tools.ci.self_check import DEFAULT as DEFAULT_SELF_CHECK
+from tools.ci.self_check import self_check
+from tools.ci.workflows import write_workflows
+from tools.ci.workspace_run import run_workspace
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tools.ci",
+        description="Per-package CI: each package in its own environment, then the workspace.",
+    )
+    p.add_argument(
+        "--package", action="append", metavar="NAME", help="only this package (repeatable); no root step"
+    )
+    p.add_argument("--skip-root", action="store_true", help="packages only: no root tests, no lint")
+    p.add_argument("--root-only", action="store_true", help="root tests and lint only")
+    p.add_argument("--no-lint", action="store_true", help="skip ruff check / ruff format --check")
+    p.add_argument("-k", metavar="EXPR", help="passed to pytest")
+    p.add_argument("-m", metavar="MARKEXPR", help="passed to pytest")
+    p.add_argument(
+        "--self-check", nargs="?", const=DEFAULT_SELF_CHECK, metavar="PACKAGE:DEPENDENCY",
+        help=f"drop DEPENDENCY from PACKAGE in a scratch copy and check that CI names it (default {DEFAULT_SELF_CHECK})",
+    )  # fmt: skip
+    p.add_argument("--write-workflows", action="store_true", help="(re)write .github/workflows/")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    cli = parser()
+    args = cli.parse_args(argv)
+    if shutil.which("uv") is None:
+        cli.error("uv is not on PATH: `pip install uv`")
+    if args.write_workflows:
+        return write_workflows()
+    if args.self_check:
+        return self_check(args.self_check)
+
+    pytest_args = [*(["-k", args.k] if args.k else []), *(["-m", args.m] if args.m else []), *passthrough]
+    packages = discover()
+    if args.package:
+        unknown = sorted({normalize(n) for n in args.package} - set(packages))
+        if unknown:
+            cli.error(
+                f"--package {', '.join(unknown)}: not in packages/*/pyproject.toml ({', '.join(packages)})"
+            )
+        selected = [packages[normalize(n)] for n in args.package]
+    else:
+        selected = [] if args.root_only else list(packages.values())
+    run_root = not (args.package or args.skip_root)
+
+    start = time.monotonic()
+    say(
+        f"packages: {', '.join(p.name for p in selected) or 'none'}; root tests and lint: {'yes' if run_root else 'no'}"
+    )
+    results = [run_package(p, ENVS, pytest_args) for p in selected]
+    if run_root:
+        results += run_workspace(ENVS, pytest_args, lint=not args.no_lint)
+    return summarize(results, time.monotonic() - start)
