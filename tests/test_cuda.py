@@ -5,7 +5,7 @@ default's architecture; nki-moe's ``debug_moe`` for the MoE backend), so the CPU
 from the same weights whatever their random generators do, and trains a few steps in fp32 on the
 embedded corpus with the same seed and flags on both devices. The launcher runs as ``python -m
 <backend>.launch`` (the form that needs no installed console script, as on a machine where the packages
-are only on ``PYTHONPATH``). Skipped where no CUDA device is present; ``tools/gpu_bench/device_check.sh``
+are only on ``PYTHONPATH``). Skipped where no CUDA device is present; ``python3 -m tools.gpu_bench.device_check``
 runs them on the lent GPU.
 """
 

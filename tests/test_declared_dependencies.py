@@ -3,7 +3,7 @@
 A shared environment hides an undeclared dependency: the module is there because another
 package (or a dependency of a dependency) brought it. These tests read the imports from the
 source (ast) and the graph from uv.lock, so they fail on the change itself, in seconds;
-`tools/ci.py` proves the same at run time with one isolated environment per package.
+`python -m tools.ci` proves the same at run time with one isolated environment per package.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ PINS = {
     "triton": "the Triton build that matches the pinned torch on Linux",
     "torchtitan": "the torchtitan release whose API the config functions target",
 }
-# Importable in every package's test environment without being declared (tools/ci.py adds it).
-TEST_RUNNER = {"pytest"}
 # Exceptions whose handler makes an import inside `try:` optional.
 OPTIONAL_IMPORT_HANDLERS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -201,7 +199,7 @@ def test_source_imports_are_declared(name):
 def test_test_imports_are_declared(name):
     # A package's tests run in its own environment: its dependencies, its dependency groups, pytest.
     member = members()[name]
-    problems = undeclared_imports(member, "tests", set(member.declared | member.test_only | TEST_RUNNER))
+    problems = undeclared_imports(member, "tests", set(member.declared | member.test_only))
     assert not problems, "\n".join(problems)
 
 

@@ -149,7 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if mode.device == "cuda" and info.get("device_kind") != "cuda":
         say(clock, "no CUDA device: nothing to measure (use --tiny for the CPU smoke test)")
         return 2
-    peak, peak_row = peak_flops(info.get("device_kind", mode.device), str(info.get("device", "")))
+    peak, peak_row = peak_flops(
+        info.get("device_kind", mode.device),
+        str(info.get("device", "")),
+        titan_peak=info.get("titan_peak_flops"),
+    )
 
     rows = run_parts(parts, mode, opts.python, env, imports, work, logs, clock)
     finish_rows(rows, mode, peak)

@@ -83,6 +83,12 @@ def probe(matmul_n: int) -> dict:
         )
         if matmul_n:
             info[f"bf16_matmul_{matmul_n}_tflops"] = matmul_tflops(torch, matmul_n)
+        try:  # MFU's denominator: torchtitan's peak table, as the trainer's own metrics use it
+            from torchtitan.tools.utils import get_peak_flops
+
+            info["titan_peak_flops"] = get_peak_flops(info["device"])
+        except Exception as err:
+            info["titan_peak_flops_error"] = f"{type(err).__name__}: {err}"
         try:
             info["nvidia_smi"] = subprocess.run(
                 [

@@ -113,6 +113,7 @@ def test_cuda_graph_failure_in_training_is_retried_once(monkeypatch, tmp_path, c
     info = {
         "device": "NVIDIA H200",
         "device_kind": "cuda",
+        "titan_peak_flops": 989e12,  # what env_probe reads from torchtitan's table on an H200
         "versions": {"torch": "2.11.0+cu130"},
         "imports": {},
     }
