@@ -14,7 +14,7 @@ import pytest
 import torch
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
-from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 FP32 = ["--training.mixed_precision_param", "float32", "--hf.export_dtype", "float32"]

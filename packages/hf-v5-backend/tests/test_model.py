@@ -13,11 +13,11 @@ from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.hf.expected_keys import EMBED, LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
-from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint, tiny_qwen3_config
 from qwen3_titan_hf_v5 import config_registry
 from qwen3_titan_hf_v5.model import HFCausalLM
 from qwen3_titan_hf_v5.parallelize import parallelize_hf_v5
 from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint, tiny_qwen3_config
 from torch.distributed.fsdp import FSDPModule
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims

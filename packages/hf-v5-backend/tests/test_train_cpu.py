@@ -11,7 +11,7 @@ import torch
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 
 TRAIN = str(Path(sys.executable).with_name("train"))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from safetensors.torch import load_file, save_file
 
 TRAIN = str(Path(sys.executable).with_name("train"))

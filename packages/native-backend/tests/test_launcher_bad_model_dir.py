@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 
 @pytest.fixture

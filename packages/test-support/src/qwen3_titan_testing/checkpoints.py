@@ -20,7 +20,7 @@ def tiny_qwen3_config(*, moe: bool = False, tied: bool = True, vocab_size: int =
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=32,  # 4 heads x 32 = 128, not the hidden size 64: as in Qwen3-4B and 8B
         max_position_embeddings=1024,
         rope_theta=500000.0,
         tie_word_embeddings=tied,
@@ -46,9 +46,8 @@ def make_tiny_checkpoint(
     with_tokenizer: bool = True,
 ) -> Path:
     """Save a randomly initialised tiny model (and the embedded tokenizer) to ``path``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from qwen3_titan_common.assets import default_tokenizer_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_qwen3_config(moe=moe, tied=tied)).to(dtype)

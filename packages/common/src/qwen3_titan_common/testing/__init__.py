@@ -1,1 +1,0 @@
-"""Helpers for tests and benchmarks: tiny real checkpoints, made by transformers itself."""
