@@ -104,7 +104,6 @@ def test_my_rope_hf_matches_the_backends_reference(examples_on_path):
 @pytest.mark.slow
 def test_training_with_the_recipes_override_form(tmp_path):
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "PYTHONPATH": str(EXAMPLES)}
-    env.pop("QWEN3_TITAN_KERNELS", None)
     command = [
         sys.executable, "-m", "qwen3_titan_nki_moe.launch", "--override.imports", "my_neuron_kernels",
         "--training.steps", "8", "--dump_folder", str(tmp_path / "out"), "--checkpoint.no-enable", "--hf.no-export",

@@ -121,9 +121,9 @@ def choose(
 
     ``shape`` enables the NKI shape rules: under ``nki`` a broken rule of this op is an error,
     under ``auto`` a fallback to the reference with the rule as the reason. ``device`` is
-    this process's device (default: ``qwen3_titan_common.runtime.device.detect_device()``).
-    Reads nothing but its arguments and the op table; on a Neuron host it imports the op's
-    NKI module.
+    this process's device (default: ``qwen3_titan_common.runtime.device.detect_device()``);
+    its ``reason`` words the log line when it is not a Neuron device. Keeps nothing: the
+    caller holds the :class:`Choice`. On a Neuron host it imports the op's NKI module.
     """
     _check_mode(mode)
     try:
