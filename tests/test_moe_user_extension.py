@@ -24,21 +24,21 @@ BACKEND = [
 @pytest.fixture
 def examples_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
-    from qwen3_titan_nki_moe import registry
-
-    registry.reset()
-    yield
-    registry.reset()
 
 
-def _prepared(imports):
+def _prepared(imports, kernels="auto"):
     from qwen3_titan_nki_moe.config_registry import debug_moe
     from qwen3_titan_nki_moe.trainer import prepare_kernels
 
     config = debug_moe()
     config.override.imports = imports
+    config.kernels = kernels
     chosen = prepare_kernels(config)
     return config, chosen
+
+
+def _targets(imports):
+    return [entry if isinstance(entry, str) else entry[0] for entry in imports]
 
 
 def test_torchtitan_alone_rejects_the_bare_module(examples_on_path):
@@ -55,12 +55,33 @@ def test_both_forms_swap_rope_and_keep_the_backend_kernels(entry, examples_on_pa
     from torchtitan.config.override import apply_overrides
 
     config, chosen = _prepared([entry])
-    assert config.override.imports == ["my_neuron_kernels.my_rope_hf", *BACKEND]
+    assert _targets(config.override.imports) == ["my_neuron_kernels.my_rope_hf", *BACKEND]
     assert chosen["my_rope_hf"].implementation == "reference"
     lines = apply_overrides(config.override, config)
     assert sum("my_neuron_kernels.my_rope_hf" in line for line in lines) == 2  # one RoPE per layer
     model = config.model_spec.model.build()
     assert sum(isinstance(m, MyRoPE) for m in model.modules()) == 2
+
+
+def test_the_kernels_flag_reaches_the_users_module(examples_on_path):
+    import torch
+    from my_neuron_kernels import MyRoPE
+    from qwen3_titan_nki_moe import constraints
+    from torchtitan.config.override import apply_overrides
+
+    config, chosen = _prepared(["my_neuron_kernels"], kernels="reference")
+    apply_overrides(config.override, config)
+    ropes = [cfg for _, cfg, _, _ in config.model_spec.model.traverse(MyRoPE.Config)]
+    assert len(ropes) == 2
+    assert all(
+        cfg.kernels == "reference" and cfg.kernel_shape == constraints.kernel_shape(config) for cfg in ropes
+    )
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    modules = [m for m in model.modules() if isinstance(m, MyRoPE)]
+    # The choice the trainer logged, made again by each module when it was built.
+    assert [m.kernel for m in modules] == [chosen["my_rope_hf"]] * 2
+    assert chosen["my_rope_hf"].line() == "[kernels] my_rope_hf: reference (--kernels reference)"
 
 
 def test_my_rope_hf_matches_the_backends_reference(examples_on_path):
@@ -83,7 +104,6 @@ def test_my_rope_hf_matches_the_backends_reference(examples_on_path):
 @pytest.mark.slow
 def test_training_with_the_recipes_override_form(tmp_path):
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "PYTHONPATH": str(EXAMPLES)}
-    env.pop("QWEN3_TITAN_KERNELS", None)
     command = [
         sys.executable, "-m", "qwen3_titan_nki_moe.launch", "--override.imports", "my_neuron_kernels",
         "--training.steps", "8", "--dump_folder", str(tmp_path / "out"), "--checkpoint.no-enable", "--hf.no-export",

@@ -9,11 +9,14 @@ Three pieces, each in its usual place:
 2. The NKI kernel for Trainium, in ``my_neuron_kernels/_nki.py``: an ``@nki.jit`` kernel
    registered with ``torch_neuronx.nki_op`` + ``wrap_nki`` and given the same backward.
    Only the backend's kernel registry imports it, and only on a Neuron host.
-3. A module that calls the op through the registry (``registry.get``), and an ``@override``
-   factory that puts the module in place of torchtitan's ``CosSinRoPE``.
+3. A module whose ``Config`` carries the kernel mode (``kernels``, ``kernel_shape``) and that
+   chooses its implementation once, when built (``registry.choose``), and an ``@override``
+   factory that puts the module in place of torchtitan's ``CosSinRoPE``. The factory takes
+   the mode as keyword arguments: the backend's trainer passes ``--kernels`` to every factory
+   that declares them, through torchtitan's ``override.imports`` entry kwargs.
 
-``registry.register`` makes the registry choose and log the implementation, like the
-backend's own ops (``[kernels] my_rope_hf: reference (no Neuron device)``). The backend's
+``registry.register`` adds the op to the backend's table, so the trainer logs its choice like
+the backend's own ops (``[kernels] my_rope_hf: reference (no Neuron device)``). The backend's
 trainer expands the bare module name into its ``@override`` factories (torchtitan 0.3.0 only
 takes ``module.function``: ``--override.imports my_neuron_kernels.my_rope_hf`` works too) and
 keeps the backend's own MoE and RMSNorm kernels, since this module overrides only RoPE.
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from qwen3_titan_nki_moe import registry
+from qwen3_titan_nki_moe.constraints import KernelShape
+from qwen3_titan_nki_moe.registry import KernelMode
 from torch import Tensor
 from torchtitan.config import derive, override
 from torchtitan.models.common.rope import CosSinRoPE
@@ -77,18 +82,26 @@ class MyRoPE(CosSinRoPE):
     # Its own nested Config, or torchtitan would silently build the parent class.
     @dataclass(kw_only=True, slots=True)
     class Config(CosSinRoPE.Config):
-        pass
+        kernels: KernelMode = "auto"  # set from --kernels by the backend's trainer
+        kernel_shape: KernelShape | None = None  # the run's shapes, for the NKI shape rules
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        # Chosen once here; forward calls it with no lookup.
+        self.kernel = registry.choose("my_rope_hf", config.kernels, config.kernel_shape)
 
     def forward(self, query, key, positions=None):
         # torchtitan passes [B, L, N, H]; the op takes HF's [B, N, L, H] (views, no copies).
         head_dim = query.shape[-1]
         cache = self._reshape_cache(query, positions)[:, :, 0].to(query.dtype)
-        q, k = registry.get("my_rope_hf")(
+        q, k = self.kernel.fn(
             query.transpose(1, 2), key.transpose(1, 2), cache[..., :head_dim], cache[..., head_dim:]
         )
         return q.transpose(1, 2), k.transpose(1, 2)
 
 
 @override(target=CosSinRoPE.Config, exact=True, description="my rope_hf kernel (my_neuron_kernels)")
-def my_rope_hf(cfg: CosSinRoPE.Config) -> MyRoPE.Config:
-    return derive(cfg, MyRoPE.Config)
+def my_rope_hf(
+    cfg: CosSinRoPE.Config, *, kernels: KernelMode = "auto", kernel_shape: KernelShape | None = None
+) -> MyRoPE.Config:
+    return derive(cfg, MyRoPE.Config, kernels=kernels, kernel_shape=kernel_shape)

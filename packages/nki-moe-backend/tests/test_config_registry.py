@@ -78,7 +78,7 @@ def test_kernels_is_a_torchtitan_flag():
 
 
 def test_cuda_graphs_go_off_only_where_the_experts_loop_on_the_host(monkeypatch):
-    # On an sm90 GPU the reference grouped GEMM runs torch._grouped_mm in bf16 (capturable) and a
+    # On an sm90 GPU the reference grouped GEMM runs F.grouped_mm in bf16 (capturable) and a
     # per-expert loop that reads row counts on the host otherwise (seen failing a capture on an H200).
     import torch
     from qwen3_titan_nki_moe.config_registry import debug_moe

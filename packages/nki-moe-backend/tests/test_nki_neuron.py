@@ -95,5 +95,9 @@ def test_registry_picks_nki_on_trainium(monkeypatch):
     from qwen3_titan_nki_moe import registry
 
     monkeypatch.delenv("QWEN3_TITAN_DEVICE", raising=False)
-    chosen = registry.configure("nki")
+    chosen = registry.choose_all("nki")
     assert {c.implementation for c in chosen.values()} == {"nki"}
+    from qwen3_titan_nki_moe.overrides import RegistryRMSNorm
+
+    norm = RegistryRMSNorm.Config(normalized_shape=256, kernels="nki").build()
+    assert norm.kernel == chosen["rms_norm"]

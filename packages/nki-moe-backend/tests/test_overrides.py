@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch
 from nki_moe_models import SMALL_MOE, build, model_configs
-from qwen3_titan_nki_moe import override_imports, overrides
+from qwen3_titan_nki_moe import constraints, override_imports
 from qwen3_titan_nki_moe.overrides import (
     KERNEL_OVERRIDES,
     RegistryGroupedExperts,
@@ -17,6 +17,8 @@ from torchtitan.models.common.moe import GroupedExperts
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import CosSinRoPE
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
+
+REPLACEMENTS = (RegistryGroupedExperts, RegistryRoPE, RegistryRMSNorm)
 
 # torchtitan's router asks CPU autocast for fp32, which CPU autocast does not do: harmless here.
 pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast")
@@ -147,16 +149,91 @@ def test_backend_overrides_fill_what_the_user_list_leaves(tmp_modules):
     assert override_imports.complete([], KERNEL_OVERRIDES)[0] == list(KERNEL_OVERRIDES)
 
 
-def test_registry_modules_route_through_the_registry(monkeypatch):
-    calls = []
-    real = overrides.registry.get
-
-    def spy(name):
-        calls.append(name)
-        return real(name)
-
-    monkeypatch.setattr(overrides.registry, "get", spy)
+def test_registry_modules_run_their_ops():
     _, overridden, _ = model_configs()
     model = build(overridden)
-    model(torch.randint(0, SMALL_MOE["vocab_size"], (1, 16)))
-    assert set(calls) == {"grouped_swiglu", "rope_hf", "rms_norm"}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(torch.randint(0, SMALL_MOE["vocab_size"], (1, 16)))
+    ran = {event.key for event in prof.key_averages()}
+    assert {"qwen3_titan::grouped_swiglu", "qwen3_titan::rope_hf", "qwen3_titan::rms_norm"} <= ran
+
+
+def test_factories_take_the_kernel_settings_as_kwargs():
+    shape = constraints.KernelShape(seq_len=256, head_dim=32, hidden_size=128, rope_cache_len=2048, lnc=2)
+    entries = [(name, {"kernels": "reference", "kernel_shape": shape}) for name in KERNEL_OVERRIDES]
+    _, overridden, replaced = model_configs(overrides=entries)
+    configs = [cfg for cls in REPLACEMENTS for _, cfg, _, _ in overridden.traverse(cls.Config)]
+    assert len(configs) == len(replaced)
+    assert all(cfg.kernels == "reference" and cfg.kernel_shape is shape for cfg in configs)
+    model = build(overridden)
+    reasons = {m.kernel.reason.partition(";")[0] for m in model.modules() if isinstance(m, REPLACEMENTS)}
+    assert reasons == {"--kernels reference"}
+
+
+def test_pass_kwargs_reaches_only_factories_that_declare_them(tmp_modules):
+    # A module name of its own: torchtitan's registry outlives the module's import.
+    tmp_modules("tmp_kernels_plain", USER_ROPE)
+    entries = [
+        "tmp_kernels_plain.user_rope",
+        "qwen3_titan_nki_moe.overrides.rms_norm",
+        "no_such_module_xyz.f",
+    ]
+    assert override_imports.pass_kwargs(entries, {"kernels": "nki", "other": 1}) == [
+        "tmp_kernels_plain.user_rope",  # declares neither: torchtitan would refuse the kwarg
+        ("qwen3_titan_nki_moe.overrides.rms_norm", {"kernels": "nki"}),
+        "no_such_module_xyz.f",  # torchtitan reports it
+    ]
+
+
+def test_pass_kwargs_keeps_an_entrys_own_kwargs_and_refuses_a_contradiction():
+    entry = ("qwen3_titan_nki_moe.overrides.rope_hf", {"kernels": "reference"})
+    assert override_imports.pass_kwargs([entry], {"kernels": "reference", "kernel_shape": None}) == [
+        ("qwen3_titan_nki_moe.overrides.rope_hf", {"kernels": "reference", "kernel_shape": None})
+    ]
+    with pytest.raises(override_imports.OverrideImportError) as err:
+        override_imports.pass_kwargs([entry], {"kernels": "auto"})
+    assert str(err.value) == (
+        "--override.imports qwen3_titan_nki_moe.overrides.rope_hf: kernels='reference' in the entry, but this run "
+        "sets kernels='auto' for every kernel override (the mode comes from --kernels)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("mode", "reason"), [("reference", "--kernels reference"), ("auto", "QWEN3_TITAN_DEVICE=cpu")]
+)
+def test_the_kernels_flag_reaches_every_override_config(mode, reason, monkeypatch):
+    # The real path: torchtitan parses the command line, the trainer's preparation fills the
+    # override entries, torchtitan's apply_overrides hands them to the factories.
+    from qwen3_titan_nki_moe.trainer import prepare_kernels
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.config.override import apply_overrides
+
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    config = ConfigManager().parse_args(
+        [
+            "--module",
+            "qwen3_titan_nki_moe",
+            "--config",
+            "debug_moe",
+            "--kernels",
+            mode,
+            "--training.seq_len",
+            "512",
+        ]
+    )
+    logged = prepare_kernels(config)
+    replaced = apply_overrides(config.override, config)
+    assert len(replaced) == 11 and all(f"with kernels={mode!r}, kernel_shape=" in line for line in replaced)
+    model_config = config.model_spec.model
+    configs = [cfg for cls in REPLACEMENTS for _, cfg, _, _ in model_config.traverse(cls.Config)]
+    assert len(configs) == 11
+    shape = constraints.kernel_shape(config)
+    assert shape.seq_len == 512
+    assert all(cfg.kernels == mode and cfg.kernel_shape == shape for cfg in configs)
+    with torch.device("meta"):
+        model = model_config.build()
+    modules = [m for m in model.modules() if isinstance(m, REPLACEMENTS)]
+    assert len(modules) == 13  # the q/k norm Config builds two modules per layer
+    # Each module made the choice the trainer logged for its op.
+    assert all(m.kernel == logged[m.kernel.op] for m in modules)
+    assert {m.kernel.reason.partition(";")[0] for m in modules} == {reason}

@@ -11,7 +11,6 @@ from qwen3_titan_common.perf.train_log import parse_step_lines
 # The shared `train` script, choosing this backend as `uv run --package nki-moe-backend train` does.
 TRAIN = str(Path(sys.executable).with_name("train"))
 CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "nki-moe-backend"}
-CPU_ENV.pop("QWEN3_TITAN_KERNELS", None)
 
 
 def train(args, cwd):

@@ -3,9 +3,10 @@
 The shared ``train`` script (``qwen3_titan_common.cli.launch:main``) finds :data:`BACKEND` through the
 ``qwen3_titan.backends`` entry point; ``python -m qwen3_titan_nki_moe.launch`` runs it directly.
 
-When the run asks for the NKI kernels (``--kernels nki`` or ``QWEN3_TITAN_KERNELS=nki``), the
-resolved config is checked against the kernels' shape rules before torchrun starts any rank
-(:func:`nki_precheck`, the backend's ``preflight``), and a broken rule ends the launch with one line::
+When the run asks for the NKI kernels (``--kernels nki``, read from the config torchtitan parses
+from the command line), the resolved config is checked against the kernels' shape rules before
+torchrun starts any rank (:func:`nki_precheck`, the backend's ``preflight``), and a broken rule
+ends the launch with one line::
 
     train: --training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024
 
@@ -24,21 +25,9 @@ from qwen3_titan_common.cli.plan import Backend, LaunchError, plan_launch
 _NO_RUN_FLAGS = {"-h", "--help", "--list-configs"}
 
 
-def _requested_kernels(argv: list[str]) -> str:
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == "--kernels" and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith("--kernels="):
-            value = arg.partition("=")[2]
-    if value is None or value == "auto":
-        return os.environ.get("QWEN3_TITAN_KERNELS", "auto")
-    return value
-
-
 def nki_precheck(argv: list[str]) -> str | None:
     """The one-line error for an NKI request whose shapes the kernels cannot run, else None."""
-    if _requested_kernels(argv) != "nki" or _NO_RUN_FLAGS & set(argv):
+    if _NO_RUN_FLAGS & set(argv):
         return None
     try:
         # --nproc first: the plan's device detection is not needed for a shape check.
@@ -57,7 +46,7 @@ def nki_precheck(argv: list[str]) -> str | None:
             config = ConfigManager().parse_args(args)
         except (Exception, SystemExit):
             return None
-    if getattr(config, "model_spec", None) is None or not hasattr(config, "kernels"):
+    if getattr(config, "kernels", None) != "nki" or getattr(config, "model_spec", None) is None:
         return None
     found = constraints.violations(constraints.kernel_shape(config))
     return found[0].message() if found else None

@@ -13,20 +13,34 @@ a user who swaps in their own RoPE kernel should keep the backend's MoE and RMSN
 An entry claims a component when its ``@override`` target is, or is a sub/superclass of,
 the backend override's target.
 
-Both run in ``NkiMoETrainer.__init__`` before ``Trainer.__init__`` (which calls torchtitan's
+:func:`pass_kwargs` last gives each entry whose factory declares them the run's settings
+(``kernels``, ``kernel_shape``) as torchtitan's own entry kwargs, ``(target, {...})``: how
+``--kernels`` reaches every kernel module's ``Config``, the user's included.
+
+All three run in ``NkiMoETrainer.__init__`` before ``Trainer.__init__`` (which calls torchtitan's
 ``apply_overrides``), and each decision is logged in one line.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
-from types import ModuleType
+import inspect
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType, ModuleType
 
 from qwen3_titan_common.errors import UserInputError
+from torchtitan.config.override import Override, OverrideImport
 
-# _REGISTRY: torchtitan keeps its registry private (keyed by "module.function"); 0.3.0 is pinned.
-from torchtitan.config.override import _REGISTRY, OverrideImport
+
+def _registered() -> Mapping[str, Override]:
+    """torchtitan's ``@override`` registry, keyed by ``module.function``, read-only.
+
+    The one read of a private torchtitan name here: 0.3.0 (pinned) has no public way to list
+    the registered factories.
+    """
+    from torchtitan.config.override import _REGISTRY
+
+    return MappingProxyType(_REGISTRY)
 
 
 class OverrideImportError(UserInputError):
@@ -45,7 +59,7 @@ def _is_factory(target: str) -> bool:
         importlib.import_module(module)
     except ImportError:
         return False
-    return target in _REGISTRY
+    return target in _registered()
 
 
 def _import_bare_module(target: str) -> ModuleType | None:
@@ -66,7 +80,7 @@ def module_factories(module: ModuleType) -> list[str]:
     exported = {id(value) for value in vars(module).values()}
     return [
         key
-        for key, registered in _REGISTRY.items()
+        for key, registered in _registered().items()
         if registered.origin_module == module.__name__ or id(registered.factory) in exported
     ]
 
@@ -104,7 +118,7 @@ def expand(entries: Iterable[OverrideImport]) -> tuple[list[OverrideImport], lis
 
 
 def _target_cls(target: str):
-    registered = _REGISTRY.get(target)
+    registered = _registered().get(target)
     return registered.target_cls if registered is not None else None
 
 
@@ -134,3 +148,38 @@ def complete(entries: list[OverrideImport], backend: Iterable[str]) -> tuple[lis
             f"[override] adding the backend's {factory}: --override.imports leaves {wanted.__qualname__} to it"
         )
     return result, lines
+
+
+def pass_kwargs(entries: list[OverrideImport], values: Mapping[str, object]) -> list[OverrideImport]:
+    """Each entry, with ``values`` added as kwargs for the keyword parameters its factory declares.
+
+    Entries whose factory takes none of them stay as they are (torchtitan passes a factory
+    only the kwargs it accepts). An entry that already carries one of the keys with another
+    value is a one-line error: the trainer sets them for the whole run.
+    """
+    result: list[OverrideImport] = []
+    for entry in entries:
+        target = _target(entry)
+        _is_factory(target)  # imports the module, registering its factories
+        registered = _registered().get(target)
+        if registered is None:
+            result.append(entry)  # torchtitan reports the unresolvable name itself
+            continue
+        accepted = {
+            name
+            for name, p in inspect.signature(registered.factory).parameters.items()
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        }
+        wanted = {key: value for key, value in values.items() if key in accepted}
+        if not wanted:
+            result.append(entry)
+            continue
+        given = {} if isinstance(entry, str) else entry[1]
+        for key, value in wanted.items():
+            if key in given and given[key] != value:
+                raise OverrideImportError(
+                    f"--override.imports {target}: {key}={given[key]!r} in the entry, but this run sets "
+                    f"{key}={value!r} for every kernel override (the mode comes from --kernels)"
+                )
+        result.append((target, {**given, **wanted}))
+    return result

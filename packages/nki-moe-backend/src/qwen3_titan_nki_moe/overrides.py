@@ -11,6 +11,14 @@ class that declares it, so without one ``derive`` would silently build the paren
 stock parameters (``w1_EFD``, ``w2_EDF``, ``w3_EFD``, ``weight``) and buffers are inherited
 unchanged, so state dicts, the HF state-dict adapter and checkpoints are unaffected.
 
+Each replacement ``Config`` also carries the kernel mode (``kernels``) and the run's
+:class:`~qwen3_titan_nki_moe.constraints.KernelShape` (``kernel_shape``, for the NKI shape
+rules): the factories take both as keyword arguments, which torchtitan forwards from an
+``override.imports`` entry ``(factory, {"kernels": ..., "kernel_shape": ...})``; the backend's
+trainer writes ``--kernels`` into those entries. A module chooses its implementation once, in
+``__init__`` (``registry.choose``), and calls it directly in ``forward``: two modules built
+with different modes each keep their own.
+
 Inputs that are DTensors (tensor/context parallel activations) take the stock code path:
 the custom ops have no DTensor sharding rules.
 """
@@ -27,6 +35,8 @@ from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.rope import CosSinRoPE
 
 from qwen3_titan_nki_moe import registry
+from qwen3_titan_nki_moe.constraints import KernelShape
+from qwen3_titan_nki_moe.registry import KernelMode
 
 # The factories, as --override.imports names them (config functions list these).
 KERNEL_OVERRIDES = (
@@ -52,12 +62,19 @@ class RegistryGroupedExperts(GroupedExperts):
 
     @dataclass(kw_only=True, slots=True)
     class Config(GroupedExperts.Config):
-        pass
+        kernels: KernelMode = "auto"
+        """The kernel mode (``registry``); the backend's trainer sets it from ``--kernels``."""
+        kernel_shape: KernelShape | None = None
+        """The run's shapes, for the NKI shape rules; None checks none."""
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.kernel = registry.choose("grouped_swiglu", config.kernels, config.kernel_shape)
 
     def forward(self, x_RD: torch.Tensor, num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
         dtype = x_RD.dtype
         offsets_E = torch.cumsum(num_tokens_per_expert_E, dim=0, dtype=torch.int32)
-        return registry.get("grouped_swiglu")(
+        return self.kernel.fn(
             x_RD,
             _local(self.w1_EFD).to(dtype),
             _local(self.w3_EFD).to(dtype),
@@ -76,7 +93,14 @@ class RegistryRoPE(CosSinRoPE):
 
     @dataclass(kw_only=True, slots=True)
     class Config(CosSinRoPE.Config):
-        pass
+        kernels: KernelMode = "auto"
+        """The kernel mode (``registry``); the backend's trainer sets it from ``--kernels``."""
+        kernel_shape: KernelShape | None = None
+        """The run's shapes, for the NKI shape rules; None checks none."""
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.kernel = registry.choose("rope_hf", config.kernels, config.kernel_shape)
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, positions: torch.Tensor | None = None
@@ -87,7 +111,7 @@ class RegistryRoPE(CosSinRoPE):
         cache_BL1X = self._reshape_cache(query, positions)  # (1 or B, L, 1, 2 * head_dim)
         cache_BLX = cache_BL1X[:, :, 0].to(query.dtype)
         cos_BLH, sin_BLH = cache_BLX[..., :head_dim], cache_BLX[..., head_dim:]
-        q_BNLH, k_BNLH = registry.get("rope_hf")(query.transpose(1, 2), key.transpose(1, 2), cos_BLH, sin_BLH)
+        q_BNLH, k_BNLH = self.kernel.fn(query.transpose(1, 2), key.transpose(1, 2), cos_BLH, sin_BLH)
         return q_BNLH.transpose(1, 2), k_BNLH.transpose(1, 2)
 
 
@@ -96,22 +120,31 @@ class RegistryRMSNorm(RMSNorm):
 
     @dataclass(kw_only=True, slots=True)
     class Config(RMSNorm.Config):
-        pass
+        kernels: KernelMode = "auto"
+        """The kernel mode (``registry``); the backend's trainer sets it from ``--kernels``."""
+        kernel_shape: KernelShape | None = None
+        """The run's shapes, for the NKI shape rules; None checks none."""
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self.kernel = registry.choose("rms_norm", config.kernels, config.kernel_shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight is None or len(self.normalized_shape) != 1 or isinstance(x, DTensor):
             return super().forward(x)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return registry.get("rms_norm")(x, self.weight, eps)
+        return self.kernel.fn(x, self.weight, eps)
 
 
 @override(
     target=GroupedExperts.Config,
     description="routed experts' SwiGLU MLP through the kernel registry (grouped_swiglu)",
 )
-def grouped_experts(cfg: GroupedExperts.Config) -> RegistryGroupedExperts.Config:
+def grouped_experts(
+    cfg: GroupedExperts.Config, *, kernels: KernelMode = "auto", kernel_shape: KernelShape | None = None
+) -> RegistryGroupedExperts.Config:
     # Not exact: also claims subclasses such as common's ActivationDtypeGroupedExperts.
-    return derive(cfg, RegistryGroupedExperts.Config)
+    return derive(cfg, RegistryGroupedExperts.Config, kernels=kernels, kernel_shape=kernel_shape)
 
 
 @override(
@@ -119,8 +152,10 @@ def grouped_experts(cfg: GroupedExperts.Config) -> RegistryGroupedExperts.Config
     exact=True,
     description="rotary embedding through the kernel registry (rope_hf)",
 )
-def rope_hf(cfg: CosSinRoPE.Config) -> RegistryRoPE.Config:
-    return derive(cfg, RegistryRoPE.Config)
+def rope_hf(
+    cfg: CosSinRoPE.Config, *, kernels: KernelMode = "auto", kernel_shape: KernelShape | None = None
+) -> RegistryRoPE.Config:
+    return derive(cfg, RegistryRoPE.Config, kernels=kernels, kernel_shape=kernel_shape)
 
 
 @override(
@@ -128,5 +163,7 @@ def rope_hf(cfg: CosSinRoPE.Config) -> RegistryRoPE.Config:
     exact=True,
     description="RMSNorm through the kernel registry (rms_norm)",
 )
-def rms_norm(cfg: RMSNorm.Config) -> RegistryRMSNorm.Config:
-    return derive(cfg, RegistryRMSNorm.Config)
+def rms_norm(
+    cfg: RMSNorm.Config, *, kernels: KernelMode = "auto", kernel_shape: KernelShape | None = None
+) -> RegistryRMSNorm.Config:
+    return derive(cfg, RegistryRMSNorm.Config, kernels=kernels, kernel_shape=kernel_shape)

@@ -18,7 +18,7 @@ backward, per block: the same recompute, then ``dhT = w2[e][:, F_p]^T @ dyT``,
 ``dupT = dhT * silu(gateT)``, ``dgateT = dhT * upT * silu'(gateT)`` and the partial
 ``dx_p[t, D] = dgateT^T @ w1[e][F_p] + dupT^T @ w3[e][F_p]``. The kernel writes ``hT``,
 ``dgateT`` and ``dupT`` (``[F, N*128]``) and the wrapper forms the weight gradients with
-``torch._grouped_mm`` over the padded groups (TorchNeuron's grouped GEMM; padding rows are
+``F.grouped_mm`` over the padded groups (TorchNeuron's grouped GEMM; padding rows are
 zero). A production kernel would keep an expert's weights resident across its consecutive
 blocks and accumulate the weight gradients on chip; this one re-reads them per block.
 
@@ -27,7 +27,7 @@ UNTESTED ON HARDWARE (see the package docstring).
 
 from __future__ import annotations
 
-import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from qwen3_titan_nki_moe import blockwise
@@ -264,9 +264,9 @@ def grouped_swiglu_blocks_backward(
         x_T, dy_T, block_expert_N.reshape(-1, 1), _t(w1_EFD), _t(w3_EFD), w1_EFD, w3_EFD, w2_EDF, lnc
     )
     # Weight gradients: per expert, sums over its (padded) rows; grouped over the row dimension.
-    dw1 = torch._grouped_mm(dgate_T, x_SD, offs=padded_offsets_E)
-    dw3 = torch._grouped_mm(dup_T, x_SD, offs=padded_offsets_E)
-    dw2 = torch._grouped_mm(dy_T, h_T.t(), offs=padded_offsets_E)
+    dw1 = F.grouped_mm(dgate_T, x_SD, offs=padded_offsets_E)
+    dw3 = F.grouped_mm(dup_T, x_SD, offs=padded_offsets_E)
+    dw2 = F.grouped_mm(dy_T, h_T.t(), offs=padded_offsets_E)
     return dx_parts.sum(0).to(x_SD.dtype), dw1, dw3, dw2
 
 

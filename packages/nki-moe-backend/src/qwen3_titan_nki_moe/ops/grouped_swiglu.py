@@ -6,7 +6,7 @@ token dispatcher produces); for each group::
     out = (silu(x @ w1[e].T) * (x @ w3[e].T)) @ w2[e].T
 
 All inputs share one dtype and the output has it too (the module casts the weights to the
-activations' dtype first). The reference runs its grouped GEMMs with ``torch._grouped_mm``
+activations' dtype first). The reference runs its grouped GEMMs with ``F.grouped_mm``
 where this device and dtype support it and with a per-expert loop elsewhere (see
 :func:`grouped_mm_plan`). The op also returns the pre-activation gate and up rows (``[R, F]``
 each, fewer bytes than autograd would keep for the same math) so that its backward runs no
@@ -23,46 +23,47 @@ from torch import Tensor
 
 NAMESPACE = "qwen3_titan"
 
-# Dtypes torch._grouped_mm accepts, by device type (checked on torch 2.14: CPU runs
-# bf16/fp16/fp32 and rejects fp64; CUDA's kernels need sm90+ and bf16).
+# Dtypes F.grouped_mm (torch.nn.functional.grouped_mm) accepts, by device type (checked on
+# torch 2.14: CPU runs bf16/fp16/fp32 and rejects fp64; CUDA's kernels need sm90+ and bf16).
 _CPU_GROUPED_MM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CUDA_MIN_CAPABILITY = (9, 0)
 
 
 def grouped_mm_plan(device: torch.device | str, dtype: torch.dtype) -> tuple[bool, str]:
-    """Whether the reference uses ``torch._grouped_mm`` here, and why (for the registry's log line)."""
+    """Whether the reference uses ``F.grouped_mm`` here, and why (for the registry's log line)."""
     device = torch.device(device)
     if device.type == "cpu":
         if dtype in _CPU_GROUPED_MM_DTYPES:
-            return True, f"torch._grouped_mm (cpu, {_short(dtype)})"
-        return False, f"per-expert loop (cpu: torch._grouped_mm has no {_short(dtype)} kernel)"
+            return True, f"F.grouped_mm (cpu, {_short(dtype)})"
+        return False, f"per-expert loop (cpu: F.grouped_mm has no {_short(dtype)} kernel)"
     if device.type == "cuda":
         capability = torch.cuda.get_device_capability(device)
         arch = f"sm{capability[0]}{capability[1]}"
         if capability < _CUDA_MIN_CAPABILITY:
-            return False, f"per-expert loop (cuda {arch}: torch._grouped_mm needs sm90+)"
+            return False, f"per-expert loop (cuda {arch}: F.grouped_mm needs sm90+)"
         if dtype != torch.bfloat16:
             return (
                 False,
-                f"per-expert loop (cuda {arch}: torch._grouped_mm runs bf16 only, got {_short(dtype)})",
+                f"per-expert loop (cuda {arch}: F.grouped_mm runs bf16 only, got {_short(dtype)})",
             )
-        return True, f"torch._grouped_mm (cuda {arch}, bf16)"
+        return True, f"F.grouped_mm (cuda {arch}, bf16)"
     if device.type == "neuron" and dtype == torch.bfloat16:
-        # TorchNeuron lists torch._grouped_mm as supported; a per-expert loop would compile
-        # one graph per group size. Not run here: this is the fallback when NKI cannot run.
-        return True, "torch._grouped_mm (neuron, bf16)"
-    return False, f"per-expert loop ({device.type}, {_short(dtype)}: no torch._grouped_mm kernel known)"
+        # TorchNeuron lists aten::_grouped_mm (what F.grouped_mm calls) as supported; a
+        # per-expert loop would compile one graph per group size. Not run here: this is the
+        # fallback when NKI cannot run.
+        return True, "F.grouped_mm (neuron, bf16)"
+    return False, f"per-expert loop ({device.type}, {_short(dtype)}: no F.grouped_mm kernel known)"
 
 
 def grouped_gemm_summary(device_kind: str) -> str:
     """How the reference runs its grouped GEMMs on this kind of device, for the registry's log line."""
     if device_kind == "cpu":
-        return "grouped GEMM: torch._grouped_mm for bf16/fp16/fp32, per-expert loop for fp64"
+        return "grouped GEMM: F.grouped_mm for bf16/fp16/fp32, per-expert loop for fp64"
     if device_kind == "cuda" and torch.cuda.is_available():
         use, why = grouped_mm_plan("cuda", torch.bfloat16)
         return f"grouped GEMM: {why}" + (", per-expert loop for other dtypes" if use else "")
     if device_kind == "neuron":
-        return "grouped GEMM: torch._grouped_mm for bf16, per-expert loop otherwise"
+        return "grouped GEMM: F.grouped_mm for bf16, per-expert loop otherwise"
     return "grouped GEMM: per-expert loop"
 
 
@@ -71,7 +72,7 @@ def _short(dtype: torch.dtype) -> str:
 
 
 def _aligned(t: Tensor) -> bool:
-    # torch._grouped_mm (CPU and CUDA) rejects strides that are not multiples of 16 bytes, and
+    # F.grouped_mm (CPU and CUDA) rejects strides that are not multiples of 16 bytes, and
     # needs 16-byte aligned data (not guaranteed for memory-mapped checkpoint tensors).
     if t.data_ptr() % 16:
         return False
@@ -95,7 +96,7 @@ def _group_bounds(offsets_E: Tensor) -> list[tuple[int, int, int]]:
 def grouped_mm(a_RK: Tensor, b_EKN: Tensor, offsets_E: Tensor) -> Tensor:
     """``out[rows of e] = a[rows of e] @ b[e]``; rows past ``offsets_E[-1]`` are zero."""
     if _use_grouped_mm(a_RK, b_EKN):
-        return torch._grouped_mm(a_RK, b_EKN, offs=offsets_E)
+        return F.grouped_mm(a_RK, b_EKN, offs=offsets_E)
     out_RN = a_RK.new_zeros(a_RK.shape[0], b_EKN.shape[-1])
     for expert, start, end in _group_bounds(offsets_E):
         if end > start:
@@ -106,7 +107,7 @@ def grouped_mm(a_RK: Tensor, b_EKN: Tensor, offsets_E: Tensor) -> Tensor:
 def grouped_mm_weight_grad(a_RM: Tensor, b_RN: Tensor, offsets_E: Tensor) -> Tensor:
     """``out[e] = a[rows of e].T @ b[rows of e]`` (the weight gradient of a grouped GEMM)."""
     if _use_grouped_mm(a_RM, b_RN):
-        return torch._grouped_mm(a_RM.transpose(0, 1), b_RN, offs=offsets_E)
+        return F.grouped_mm(a_RM.transpose(0, 1), b_RN, offs=offsets_E)
     num_experts = offsets_E.shape[0]
     out_EMN = a_RM.new_zeros(num_experts, a_RM.shape[1], b_RN.shape[1])
     for expert, start, end in _group_bounds(offsets_E):
