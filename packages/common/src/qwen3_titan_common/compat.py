@@ -35,9 +35,10 @@ import logging
 import os
 import resource
 import sys
+from collections.abc import Mapping
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 TORCHTITAN = "0.3.0"
@@ -170,6 +171,11 @@ def registered_override(target: str) -> Any | None:
 def registered_override_names() -> list[str]:
     """Every registered ``@override`` factory, as 'module.function'."""
     return list(_override_registry())
+
+
+def registered_overrides() -> Mapping[str, Any]:
+    """torchtitan's ``@override`` registrations by 'module.function', read-only."""
+    return MappingProxyType(_override_registry())
 
 
 # -- models built on the meta device ----------------------------------------------------------------

@@ -26,21 +26,17 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Iterable, Mapping
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 
+from qwen3_titan_common.compat import registered_overrides
 from qwen3_titan_common.errors import UserInputError
 from torchtitan.config.override import Override, OverrideImport
 
 
 def _registered() -> Mapping[str, Override]:
-    """torchtitan's ``@override`` registry, keyed by ``module.function``, read-only.
-
-    The one read of a private torchtitan name here: 0.3.0 (pinned) has no public way to list
-    the registered factories.
-    """
-    from torchtitan.config.override import _REGISTRY
-
-    return MappingProxyType(_REGISTRY)
+    """torchtitan's ``@override`` registry, keyed by ``module.function``, read-only (a compat seam:
+    torchtitan 0.3.0 has no public way to list the registered factories)."""
+    return registered_overrides()
 
 
 class OverrideImportError(UserInputError):
