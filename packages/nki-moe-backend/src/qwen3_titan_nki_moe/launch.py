@@ -57,6 +57,7 @@ BACKEND = Backend(
     module="qwen3_titan_nki_moe",
     default_config="debug_moe",
     preflight=nki_precheck,
+    eval_model="qwen3_titan_nki_moe.eval_model:nki_moe_model",
 )
 
 main = main_for(BACKEND)

@@ -32,6 +32,8 @@ class Backend:
     default_config: str = "debug"
     # Backend-specific checks before any rank starts: argv -> one-line error, or None.
     preflight: Callable[[list[str]], str | None] | None = None
+    # "module:function" building this backend's model for `eval --backend` (hf.eval_models.EvalModelBuilder).
+    eval_model: str | None = None
 
 
 class LaunchError(UserInputError):

@@ -15,6 +15,7 @@ from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.dataset import READ_AHEAD, RecordStreamDataset, StreamSettings
+from qwen3_titan_common.data.holdout import Part, check_share, default_share, held_out_count, select_part
 from qwen3_titan_common.data.records import detect_format
 from qwen3_titan_common.data.sources import (
     DEFAULT_DATASET,
@@ -67,7 +68,14 @@ class TextChatDataLoader(ParallelAwareDataloader):
         """Also emit positions that restart after each EOS, for Flex/varlen attention to mask across documents
         (SDPA, which our backends use, ignores document boundaries; positions then only change RoPE)."""
 
+        held_out: float | None = None
+        """Share of the records kept out of training for validation (the same records in every run). Default:
+        0.05 for the embedded corpus; for other data, 0.05 when validation reads this dataset and it has no
+        validation/test split, else 0."""
+
         def __post_init__(self) -> None:
+            if self.held_out is not None:
+                check_share(self.held_out)
             if self.dataset_path is not None:
                 raise DatasetError(
                     "--dataloader.dataset_path is not read by this dataloader; pass the path as --dataloader.dataset"
@@ -112,16 +120,22 @@ def build_record_stream(
     seq_len: int,
     dp_rank: int,
     dp_world_size: int,
+    part: Part = "train",
+    announce: bool = True,
 ) -> RecordStreamDataset:
+    """The record stream of one rank; ``part``: the records training reads (all but the held-out share),
+    the held-out share, or all records. ``announce``: log the summary lines."""
     resolved = resolve_dataset(config.dataset, split=config.split, allow_network=config.allow_network)
-    if resolved.note:
+    if resolved.note and announce:
         logger.info(f"data: {resolved.spec}: {resolved.note}")
     wanted = {"text": [config.text_field], "chat": [config.messages_field]}.get(
         config.format, [config.messages_field, config.text_field]
     )
-    source = open_source(resolved, wanted, config.split)
-    if not len(source):
+    whole = open_source(resolved, wanted, config.split)
+    if not len(whole):
         raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
+    share = config.held_out if config.held_out is not None else default_share(config.dataset)
+    source = select_part(whole, share, part)
     record_format = config.format
     if record_format == "auto":
         first = source.read(list(range(min(READ_AHEAD, len(source)))))
@@ -142,12 +156,23 @@ def build_record_stream(
     dataset = RecordStreamDataset(
         source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size
     )
-    logger.info(_summary(resolved, len(source), settings, dp_rank, dp_world_size, config.format))
+    if announce:
+        held_out = held_out_count(len(whole), share) if part != "all" else 0
+        logger.info(
+            _summary(resolved, len(source), settings, dp_rank, dp_world_size, config.format, part, held_out)
+        )
     return dataset
 
 
 def _summary(
-    resolved: ResolvedDataset, records: int, settings: StreamSettings, rank: int, world: int, asked: str
+    resolved: ResolvedDataset,
+    records: int,
+    settings: StreamSettings,
+    rank: int,
+    world: int,
+    asked: str,
+    part: Part = "train",
+    held_out: int = 0,
 ) -> str:
     chosen = f"{settings.record_format} (detected)" if asked == "auto" else settings.record_format
     shape = (
@@ -157,6 +182,10 @@ def _summary(
     )
     order = f"shuffled per epoch (seed {settings.seed})" if settings.shuffle else "file order"
     name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
+    if part == "held_out":
+        name = f"the held-out part of {name}"
+    elif held_out:
+        name = f"{name} less its {held_out:,} held-out records"
     return (
         f"data: {name} ({resolved.describe()}, {records:,} records, {chosen}); rows of {settings.seq_len} tokens, "
         f"{shape}; {order}; split across {world} dp rank(s) without overlap, this is rank {rank}"

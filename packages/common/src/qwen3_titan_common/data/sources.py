@@ -190,6 +190,23 @@ def resolve_dataset(spec: str, *, split: str = "train", allow_network: bool = Fa
     raise DatasetError(_download_hint(spec))
 
 
+def split_names(spec: str, *, allow_network: bool = False) -> list[str]:
+    """The splits ``spec`` holds, as ``--dataloader.split`` names them; ``[]`` where it cannot tell without
+    the network (a Hub id). A single file, the embedded corpus and an un-split directory are one ``train``."""
+    path = Path(spec).expanduser()
+    if spec == DEFAULT_DATASET or path.is_file():
+        return ["train"]
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file():
+            return [str(s) for s in json.loads((path / "dataset_dict.json").read_text()).get("splits", [])]
+        if _is_saved_dataset(path):
+            return ["train"]
+        splits, _ = _split_files(path)
+        return [name for name, files in splits.items() if files]
+    resolve_dataset(spec, allow_network=allow_network)  # raises the one-line error for a missing path
+    return []
+
+
 def _looks_like_hub_id(spec: str) -> bool:
     # "owner/name" or "name"; a missing local file (typo, wrong directory) must not go to the network.
     return (

@@ -122,15 +122,16 @@ def load_hf_into_titan(
         raise RuntimeError(f"torchtitan model: not loaded from {model_dir.path}: {missing[:8]}")
 
 
-def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32, seq_len: int = 2048):
-    """torchtitan's Qwen3 shaped by the directory's config.json, holding its weights."""
-    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
-
-    spec = titan_qwen3_model_spec(model_dir.architecture, "verify")
-    model_config = spec.model
+def cover_tokens(model_config, seq_len: int):
+    """``model_config`` (freshly built, changed in place) with RoPE caches for ``seq_len`` tokens: only the
+    tokens we will run, not the architecture's whole context."""
     for layer in model_config.layers:
-        # The RoPE cache only needs to cover the tokens we will run.
         layer.attention.rope = dataclasses.replace(layer.attention.rope, max_seq_len=seq_len)
+    return model_config
+
+
+def load_titan_model(model_config, adapter_cls, model_dir: HFModelDir, dtype: torch.dtype | None):
+    """A torchtitan decoder built from ``model_config``, holding the directory's weights, in eval mode."""
     with torch.device("meta"):
         model = model_config.build()
     expected_keys = set(model.state_dict())  # on meta: no data is split or copied
@@ -139,5 +140,13 @@ def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32,
     # initialised here, which skips a random init of the whole model.
     model.to_empty(device="cpu")
     init_computed_buffers(model)
-    load_hf_into_titan(model, model_config, spec.state_dict_adapter, model_dir, dtype, expected_keys)
+    load_hf_into_titan(model, model_config, adapter_cls, model_dir, dtype, expected_keys)
     return model.eval()
+
+
+def build_titan_qwen3(model_dir: HFModelDir, dtype: torch.dtype = torch.float32, seq_len: int = 2048):
+    """torchtitan's Qwen3 shaped by the directory's config.json, holding its weights."""
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
+
+    spec = titan_qwen3_model_spec(model_dir.architecture, "verify")
+    return load_titan_model(cover_tokens(spec.model, seq_len), spec.state_dict_adapter, model_dir, dtype)

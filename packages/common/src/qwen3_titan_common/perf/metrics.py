@@ -114,3 +114,20 @@ class Qwen3Metrics(MetricsProcessor):
             f"{color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
             f"{color.turquoise}memory: {memory_text} ({self.memory_source}){color.reset}"
         )
+
+    def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None):
+        """torchtitan's validation metrics (``validation_metrics/loss``, ...) plus perplexity, and our line::
+
+        validation  step: 10  val_loss: 5.43210  val_ppl: 228.63  tps: 21,845
+        """
+        seconds = time.perf_counter() - self.time_last_log
+        tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
+        perplexity = math.exp(loss) if loss < 700 else math.inf
+        ours = {"validation_metrics/perplexity": perplexity, **(extra_metrics or {})}
+        with _without_info_lines():
+            super().log_validation(loss, step, extra_metrics=ours)
+        color = self.color
+        logger.info(
+            f"{color.yellow}validation  step: {step:2}  {color.green}val_loss: {loss:8.5f}  "
+            f"{color.orange}val_ppl: {perplexity:,.2f}  {color.blue}tps: {round(tps):,}{color.reset}"
+        )

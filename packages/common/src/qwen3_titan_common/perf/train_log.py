@@ -1,4 +1,4 @@
-"""Reads the per-step log lines back into numbers (tests, benchmarks)."""
+"""Reads the per-step and validation log lines back into numbers (tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+_VALIDATION = re.compile(
+    r"validation\s+step:\s*(\d+)\s+val_loss:\s*([-+0-9.eE]+|nan|inf)\s+val_ppl:\s*([0-9,.]+|inf)"
+)
 _FIELD = {
     "tps": re.compile(r"tps:\s*([0-9,]+)"),
     "tflops": re.compile(r"tflops:\s*([0-9,.]+)"),
@@ -47,3 +50,23 @@ def parse_step_lines(log: str) -> list[StepLine]:
                 )
             )
     return steps
+
+
+@dataclass(frozen=True)
+class ValidationLine:
+    step: int
+    loss: float
+    perplexity: float
+
+
+def parse_validation_lines(log: str) -> list[ValidationLine]:
+    found = []
+    for line in _ANSI.sub("", log).splitlines():
+        match = _VALIDATION.search(line)
+        if match:
+            found.append(
+                ValidationLine(
+                    int(match.group(1)), float(match.group(2)), float(match.group(3).replace(",", ""))
+                )
+            )
+    return found

@@ -22,6 +22,7 @@ from qwen3_titan_common.data import TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
 from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.train.trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
+from qwen3_titan_common.train.validation import Qwen3Validator
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class RunShape:
     # Per-block torch.compile where the run is on CUDA: the fastest configuration measured on an H200
     # for every backend (docs/performance.md); the compile costs seconds that a tiny run never recovers.
     compile_on_cuda: bool = False
+    # Validation on held-out rows (train.validation) at step 1, every `validation_interval` steps and at
+    # the end, reading at most `validation_batches` batches (-1: all of them).
+    validation_interval: int = 10
+    validation_batches: int = -1
 
 
 def debug_shape(backend: str, name: str) -> RunShape:
@@ -55,6 +60,10 @@ def debug_shape(backend: str, name: str) -> RunShape:
         checkpoint_interval=30,
         dump_folder=f"./outputs/{backend}-{name}",
         activation_checkpointing=False,
+        # 4 validations of 4 batches (8,192 of the held-out part's 17,457 tokens): under 10% of the run's
+        # wall time (tools/bench_eval.py, docs/performance.md).
+        validation_interval=10,
+        validation_batches=4,
     )
 
 
@@ -70,6 +79,9 @@ def real_size_shape(backend: str, name: str) -> RunShape:
         dump_folder=f"./outputs/{backend}-{name}",
         log_freq=10,
         compile_on_cuda=True,
+        # A forward pass costs about a third of a training step: 10 batches every 100 steps add about 3%.
+        validation_interval=100,
+        validation_batches=10,
     )
 
 
@@ -133,6 +145,9 @@ def build_trainer_config(
             enable=True,
             interval=shape.checkpoint_interval,
             last_save_model_only=False,
+        ),
+        validator=Qwen3Validator.Config(
+            enable=True, freq=shape.validation_interval, steps=shape.validation_batches
         ),
         activation_checkpoint=SelectiveAC.Config() if shape.activation_checkpointing else None,
         compile=CompileConfig(enable=shape.compile_on_cuda and _runs_on_cuda()),

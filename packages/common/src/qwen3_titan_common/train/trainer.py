@@ -73,8 +73,10 @@ class Qwen3Trainer(Trainer):
 
     def __init__(self, config: Config):
         from qwen3_titan_common.train.preflight import check_before_start
+        from qwen3_titan_common.train.validation import with_validation_data
 
         self._start, config = _run_config(config)
+        config = with_validation_data(config)
         check_before_start(config)
         config = self.capturable(config)
         if config.hf.export and config.parallelism.pipeline_parallel_degree > 1:

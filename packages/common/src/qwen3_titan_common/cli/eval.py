@@ -1,0 +1,283 @@
+"""``eval DIR``: loss, perplexity and token count of a Hugging Face checkpoint on held-out data.
+
+    eval outputs/native-debug/hf/step-30                     # the embedded corpus's held-out part
+    eval DIR --random-init                                   # and the same architecture at random init
+    eval DIR --dataset data/valid.jsonl --seq-len 2048 --json
+    eval DIR --backend hf-v5-backend                         # through an installed backend's model
+
+The rows are the ones validation reads while training (``data.validation``): one pass, packed as for a
+single rank, padded to full batches whose padding carries no labels, so the loss does not depend on the
+batch size. With the run's ``--training.seq_len``, its global batch as ``--batch-size`` and its
+``--validator.steps`` as ``--max-batches``, ``eval`` of an export repeats the run's validation at that step.
+The model is torchtitan's native Qwen3 (MoE included) by default, or ``--backend``'s own, on the device this
+machine has (Neuron, CUDA, else CPU); nothing is written. Bad input: one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+
+import torch
+
+from qwen3_titan_common.errors import UserInputError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class EvalError(UserInputError):
+    pass
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    model: str
+    loss: float
+    perplexity: float
+    tokens: int  # tokens whose prediction was scored
+    rows: int  # rows of seq_len run through the model, padding rows included
+    tokens_per_second: float  # input tokens (rows x seq_len) through the model per second
+
+
+def _perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else math.inf
+
+
+def evaluate(model: torch.nn.Module, loader, device: torch.device, name: str, max_batches: int | None = None):
+    """Loss over the scored tokens of every batch of ``loader`` (the validator's loss: a sum, then one division)."""
+    from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
+
+    loss_fn = CrossEntropyLoss.Config().build()
+    model = model.to(device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = rows = seq_len = 0
+    start = time.perf_counter()
+    with torch.no_grad():
+        for batch, (input_dict, labels) in enumerate(loader):
+            if max_batches is not None and batch >= max_batches:
+                break
+            inputs = {k: v.to(device) for k, v in input_dict.items()}
+            labels = labels.to(device)
+            logits = model(inputs.pop("input"), **inputs)
+            batch_loss, _ = loss_fn(logits, labels)
+            loss_sum += batch_loss.double()
+            tokens += int((labels != IGNORE_INDEX).sum())
+            rows += labels.shape[0]
+            seq_len = labels.shape[1]
+    total = float(loss_sum)  # synchronises the device before the clock stops
+    seconds = time.perf_counter() - start
+    if tokens == 0:
+        raise EvalError(f"{name}: the evaluation data holds no token to score")
+    loss = total / tokens
+    return EvalResult(name, loss, _perplexity(loss), tokens, rows, rows * seq_len / seconds)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eval", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("model_dir", help="Hugging Face model directory (config.json + safetensors)")
+    p.add_argument(
+        "--dataset",
+        default="default",
+        help="'default' (the embedded corpus), a .jsonl/.json/.parquet file, a directory, a save_to_disk directory",
+    )
+    p.add_argument(
+        "--split",
+        default="auto",
+        help="split of a directory or DatasetDict (auto: validation, test, else train)",
+    )
+    p.add_argument(
+        "--records",
+        choices=("auto", "held_out", "all"),
+        default="auto",
+        help="the dataset's held-out share (what a run training on it validates on) or all of it "
+        "(auto: held_out for the embedded corpus, all otherwise)",
+    )
+    p.add_argument("--held-out", type=float, default=None, help="the held-out share (default 0.05)")
+    p.add_argument("--format", choices=("auto", "text", "chat"), default="auto")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--messages-field", default="messages")
+    p.add_argument("--seq-len", type=int, default=256, help="tokens per row (default 256, the debug runs')")
+    p.add_argument("--batch-size", type=int, default=8, help="rows per forward pass (default 8)")
+    p.add_argument(
+        "--max-batches", type=int, default=None, help="stop after this many batches (default: all)"
+    )
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument(
+        "--backend", default=None, help="an installed backend's model (default: torchtitan's Qwen3)"
+    )
+    p.add_argument(
+        "--random-init", action="store_true", help="add the same architecture at random initialisation"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    return p
+
+
+def _positive(value: int | None, flag: str) -> None:
+    if value is not None and value < 1:
+        raise EvalError(f"{flag} {value}: expected a positive integer")
+
+
+def _builder(name: str | None):
+    """The model builder: torchtitan's native Qwen3, or the one ``--backend`` names."""
+    if name is None:
+        from qwen3_titan_common.hf.eval_models import native_qwen3
+
+        return native_qwen3, "torchtitan Qwen3"
+    from qwen3_titan_common.cli.dispatch import installed_backends
+
+    backends = {n: b for n, b in installed_backends().items() if b.eval_model}
+    if name not in backends:
+        raise EvalError(
+            f"--backend {name}: not an installed backend (installed: {', '.join(backends) or 'none'})"
+        )
+    module, function = backends[name].eval_model.split(":")
+    return getattr(importlib.import_module(module), function), name
+
+
+def _open(path: str):
+    from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
+    from qwen3_titan_common.hf.model_dir import open_model_dir
+
+    model_dir = open_model_dir(path, flag="model directory")
+    arch = model_dir.architecture
+    found = {key: entry.shape for key, entry in model_dir.tensors.items()}
+    check_keys(str(model_dir.path), expected_hf_shapes(arch), found, tied=arch.tie_word_embeddings)
+    return model_dir
+
+
+def _tokenizer(model_dir):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    from qwen3_titan_common.assets import default_tokenizer_dir
+
+    source = model_dir.path if model_dir.has_tokenizer else default_tokenizer_dir()
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(source))
+    vocab = model_dir.architecture.vocab_size
+    if tokenizer.get_vocab_size() > vocab:
+        raise EvalError(
+            f"{source}: the tokenizer has {tokenizer.get_vocab_size()} tokens, more than the model's vocab_size "
+            f"{vocab} (config.json)"
+        )
+    return tokenizer, source
+
+
+def _data_config(args):
+    from qwen3_titan_common.data.sources import DEFAULT_DATASET, split_names
+    from qwen3_titan_common.data.validation import VALIDATION_SPLITS, ValidationDataLoader
+
+    split = args.split
+    if split == "auto":
+        names = split_names(args.dataset)
+        split = next((s for s in VALIDATION_SPLITS if s in names), "train")
+    records = args.records
+    if records == "auto":
+        records = "held_out" if args.dataset == DEFAULT_DATASET else "all"
+    return ValidationDataLoader.Config(
+        dataset=args.dataset,
+        split=split,
+        records=records,
+        held_out=args.held_out,
+        format=args.format,
+        text_field=args.text_field,
+        messages_field=args.messages_field,
+    )
+
+
+def _describe(config) -> str:
+    name = "the embedded corpus" if config.dataset == "default" else config.dataset
+    part = "the held-out part of " if config.records == "held_out" else ""
+    split = "" if config.dataset == "default" else f" (split '{config.split}')"
+    return f"{part}{name}{split}"
+
+
+def run(args: argparse.Namespace) -> dict:
+    from qwen3_titan_common.runtime.device import detect_device
+
+    for value, flag in ((args.seq_len, "--seq-len"), (args.batch_size, "--batch-size"), (args.max_batches, "--max-batches")):  # fmt: skip
+        _positive(value, flag)
+    model_dir = _open(args.model_dir)
+    build, model_name = _builder(args.backend)
+    tokenizer, tokenizer_source = _tokenizer(model_dir)
+    data = _data_config(args)
+    device_info = detect_device()
+    device = torch.device(device_info.kind)
+    dtype = DTYPES[args.dtype]
+    arch = model_dir.architecture
+
+    def loader():
+        return data.build(
+            dp_world_size=1,
+            dp_rank=0,
+            tokenizer=tokenizer,
+            seq_len=args.seq_len,
+            local_batch_size=args.batch_size,
+        )
+
+    results = []
+    model = build(arch, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
+    results.append(evaluate(model, loader(), device, str(model_dir.path), args.max_batches))
+    del model
+    if args.random_init:
+        model = build(arch, None, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
+        results.append(evaluate(model, loader(), device, f"random init (seed {args.seed})", args.max_batches))
+    return {
+        "model_dir": str(model_dir.path),
+        "model": model_name,
+        "device": device_info.kind,
+        "dtype": args.dtype,
+        "data": _describe(data),
+        "tokenizer": str(tokenizer_source),
+        "seq_len": args.seq_len,
+        "batch_size": args.batch_size,
+        "ln_vocab": math.log(arch.vocab_size),
+        "results": [asdict(r) for r in results],
+    }
+
+
+def _table(report: dict) -> str:
+    lines = [
+        f"{report['model_dir']}: {report['model']} on {report['device']} ({report['dtype']}), "
+        f"{_describe_rows(report)} of {report['data']}",
+        "",
+        "| model | loss | perplexity | tokens | tokens/s |",
+        "|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        lines.append(
+            f"| {r['model']} | {r['loss']:.5f} | {r['perplexity']:,.2f} | {r['tokens']:,} | {r['tokens_per_second']:,.0f} |"
+        )
+    lines += ["", f"ln(vocab_size) = {report['ln_vocab']:.4f}: the loss of a uniform guess"]
+    return "\n".join(lines)
+
+
+def _describe_rows(report: dict) -> str:
+    rows = report["results"][0]["rows"]
+    return f"{rows} rows of {report['seq_len']} tokens"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # torchdata's dataloader calls a deprecated torch API on every construction: noise in a report.
+    warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+    try:
+        report = run(args)
+    except UserInputError as err:
+        print(f"eval: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2) if args.json else _table(report))
+    return 0
+
+
+def console_main() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

@@ -1,0 +1,97 @@
+"""Validation while training: torchtitan's validator on held-out rows, every N steps and at the end.
+
+torchtitan's ``Validator`` does the work: it builds its dataloader at each validation, runs the model
+without gradients in eval mode (through pipeline stages where there are some), sums the loss over the
+valid tokens of every data-parallel rank and divides by their global count, then hands the result to
+the metrics processor (``Qwen3Metrics.log_validation``: the line and TensorBoard). This subclass adds:
+
+- its dataloader is ``data.validation.ValidationDataLoader``: held-out rows that are the same on any
+  number of ranks, one pass, every batch full (padding rows carry no labels);
+- it validates at the run's last step too, not only at step 1 and every ``freq`` steps; the schedule is
+  by step number, so a resumed run validates at the same steps as an uninterrupted one;
+- bad values (``--validator.freq 0``) are one-line errors instead of assertions.
+
+:func:`with_validation_data` resolves where the data comes from once the training data is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import tyro
+from torchtitan.components.validate import Validator
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_common.data.validation import ValidationDataLoader, choose_validation_data
+from qwen3_titan_common.errors import UserInputError
+
+
+class ValidationConfigError(UserInputError):
+    pass
+
+
+@contextmanager
+def _warnings_hidden() -> Iterator[None]:
+    previous = logger.level
+    logger.setLevel(max(previous, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+class Qwen3Validator(Validator):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Validator.Config):
+        dataloader: ValidationDataLoader.Config = field(default_factory=ValidationDataLoader.Config)
+        """Where the validation rows come from (default: the training data's validation split or held-out part)."""
+
+        last_step: Annotated[int, tyro.conf.Suppress] = 0
+        """The run's last step, validated too (set from --training.steps)."""
+
+        def __post_init__(self) -> None:
+            # Replaces the parent's assertion (a traceback) with the project's one-line errors.
+            if self.freq < 1:
+                raise ValidationConfigError(
+                    f"--validator.freq {self.freq}: expected a positive number of steps"
+                )
+            if not (self.steps > 0 or self.steps == -1):
+                raise ValidationConfigError(
+                    f"--validator.steps {self.steps}: expected a positive number of batches, or -1 for all of "
+                    "the validation data"
+                )
+
+    def __init__(self, config: Config, **kwargs):
+        # torchtitan warns that `steps -1` may hang when ranks hold different amounts of data; the rows of
+        # ValidationDataLoader give every rank the same number of batches, so the warning would mislead.
+        with _warnings_hidden():
+            Validator.__init__(self, config, **kwargs)
+
+    def should_validate(self, step: int) -> bool:
+        return Validator.should_validate(self, step) or step == self.config.last_step
+
+
+def with_validation_data(config):
+    """``config`` with the validator's data resolved against the training data (and the training data's
+    held-out share made explicit where validation reads it), logged in one line; unchanged when validation
+    is off or uses another validator."""
+    validator = config.validator
+    if not validator.enable or not isinstance(validator, Qwen3Validator.Config):
+        return config
+    train_data, val_data, source = choose_validation_data(config.dataloader, validator.dataloader)
+    steps = config.training.steps
+    batches = "all of it" if validator.steps == -1 else f"at most {validator.steps} batches"
+    logger.info(
+        f"[validation] {source}: {batches} at step 1, every {validator.freq} steps and at step {steps} "
+        "(--validator.*)"
+    )
+    return dataclasses.replace(
+        config,
+        dataloader=train_data,
+        validator=dataclasses.replace(validator, dataloader=val_data, last_step=steps),
+    )

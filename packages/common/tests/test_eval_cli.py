@@ -1,0 +1,143 @@
+"""``eval``: the loss of a real tiny checkpoint, checked against transformers; bad input is one line."""
+
+import json
+import math
+
+import pytest
+import torch
+from qwen3_titan_common.cli.eval import main
+from qwen3_titan_common.data.validation import ValidationDataLoader
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from torchtitan.components.loss import IGNORE_INDEX
+from torchtitan.components.tokenizer import HuggingFaceTokenizer
+from transformers import AutoModelForCausalLM
+
+
+@pytest.fixture(autouse=True)
+def on_cpu(monkeypatch):
+    # The same device on every host, so figures compare with transformers on the CPU.
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("dense") / "ckpt", max_shard_size="60KB")
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("moe") / "ckpt", moe=True, tied=False)
+
+
+def _report(capsys, *argv) -> dict:
+    assert main([*map(str, argv), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _transformers_loss(path, seq_len, batches) -> tuple[float, int]:
+    """transformers' loss over the rows eval reads: the held-out part of the embedded corpus."""
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=str(path))
+    config = ValidationDataLoader.Config(dataset="default", split="train", records="held_out")
+    loader = config.build(
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=seq_len, local_batch_size=4
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for _, (inputs, labels) in zip(range(batches), loader, strict=False):
+            logits = model(inputs["input"]).logits
+            total += torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+            ).item()
+            tokens += int((labels != IGNORE_INDEX).sum())
+    return total / tokens, tokens
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_loss_is_transformers_loss_on_the_held_out_rows(capsys, request, kind):
+    path = request.getfixturevalue(kind)
+    report = _report(capsys, path, "--seq-len", 64, "--batch-size", 4, "--max-batches", 3)
+    (result,) = report["results"]
+    expected, tokens = _transformers_loss(path, 64, 3)
+    assert result["tokens"] == tokens == 3 * 4 * 64
+    assert abs(result["loss"] - expected) <= 1e-4
+    assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
+    assert report["data"] == "the held-out part of the embedded corpus"
+    assert report["device"] == "cpu" and report["model"] == "torchtitan Qwen3"
+
+
+def test_the_loss_does_not_depend_on_the_batch_size(capsys, tmp_path, dense):
+    data = tmp_path / "eval.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": f"Record {i}: " + "some words " * i}) + "\n" for i in range(40))
+    )
+    by_batch = [
+        _report(capsys, dense, "--dataset", data, "--seq-len", 32, "--batch-size", b)["results"][0]
+        for b in (8, 3)
+    ]
+    # Every token of the file is scored, padding rows are not: 40 documents, packed, each ending in EOS.
+    assert by_batch[0]["tokens"] == by_batch[1]["tokens"] > 40 * 5
+    assert by_batch[0]["rows"] % 8 == 0 and by_batch[1]["rows"] % 3 == 0
+    assert abs(by_batch[0]["loss"] - by_batch[1]["loss"]) <= 1e-5
+
+
+def test_random_init_row_sits_near_ln_vocab(capsys, dense):
+    report = _report(capsys, dense, "--random-init", "--seq-len", 64, "--max-batches", 2)
+    checkpoint, random_init = report["results"]
+    assert random_init["model"] == "random init (seed 0)"
+    assert random_init["tokens"] == checkpoint["tokens"]
+    assert abs(random_init["loss"] - math.log(4096)) < 0.1
+    assert report["ln_vocab"] == pytest.approx(math.log(4096))
+
+
+def test_table_output(capsys, dense):
+    assert main([str(dense), "--seq-len", "64", "--max-batches", "1", "--random-init"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(
+        f"{dense}: torchtitan Qwen3 on cpu (float32), 8 rows of 64 tokens of the held-out part"
+    )
+    assert out[2] == "| model | loss | perplexity | tokens | tokens/s |"
+    assert out[4].startswith(f"| {dense} | ") and out[5].startswith("| random init (seed 0) | ")
+
+
+def _listing(*roots):
+    return {str(p): p.stat().st_mtime_ns for root in roots for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["{missing}"], "model directory {missing}: no such directory"),
+        (["{empty}"], "config.json"),
+        (
+            ["{dense}", "--dataset", "{missing}"],
+            "--dataloader.dataset '{missing}': no such file or directory",
+        ),
+        (["{dense}", "--backend", "nope"], "--backend nope: not an installed backend"),
+        (["{dense}", "--seq-len", "0"], "--seq-len 0: expected a positive integer"),
+        (
+            ["{dense}", "--dataset", "{bad_record}"],
+            "bad.jsonl:2: field 'text' is a number (expected a string)",
+        ),
+    ],
+    ids=["missing-dir", "no-config", "missing-dataset", "unknown-backend", "zero-seq-len", "bad-record"],
+)
+def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, dense, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    bad_record = tmp_path / "bad.jsonl"
+    bad_record.write_text('{"text": "fine"}\n{"text": 3}\n')
+    (tmp_path / "empty").mkdir()
+    names = {
+        "missing": tmp_path / "missing",
+        "empty": tmp_path / "empty",
+        "dense": dense,
+        "bad_record": bad_record,
+    }
+    before = _listing(tmp_path, dense)
+    assert main([a.format(**names) for a in argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eval: "), captured.err
+    assert fragment.format(**names) in lines[0]
+    assert _listing(tmp_path, dense) == before
