@@ -8,6 +8,7 @@ Runs, one after another on this machine (never in parallel, so they do not share
   bench_moe_cpu.py     nki-moe-backend reference kernels vs transformers' eager Qwen3-MoE, model and layer
   bench_hf_io.py       HF checkpoint load/export vs raw safetensors, with peak RSS
   bench_data.py        the data pipeline's batch rate vs the debug model's consumption
+  bench_eval.py        validation's share of a debug run's wall time; eval's tokens/s vs training's
 Each script prints its own figures with medians and spread; this collects every line that states a
 target (`... (target ...): met|MISSED`) into one table and writes all outputs to JSON. Absolute times
 depend on the machine and its load; only the ratios are meant to be compared. No test asserts on them.
@@ -47,6 +48,7 @@ SUITE = [
         ["--repeats", "1", "--size-gb", "0.25"],
     ),
     ("data pipeline vs model", "bench_data.py", [], ["--batches", "50"]),
+    ("validation cost, eval vs training", "bench_eval.py", ["--repeats", "3"], ["--repeats", "1"]),
 ]
 _TARGET = re.compile(r"target|: (met|MISSED)\b", re.IGNORECASE)
 

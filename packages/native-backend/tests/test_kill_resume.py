@@ -1,4 +1,5 @@
-"""Killed mid-run, the same command carries on as if nothing happened."""
+"""Killed mid-run, the same command carries on as if nothing happened: the same steps, the same losses, and
+validation at the same steps (1, every 10, the last) with the same losses."""
 
 import os
 import random
@@ -8,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.perf.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines, parse_validation_lines
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
@@ -72,8 +73,11 @@ def _run_until_step(dump: Path, cwd: Path, kill_after: int) -> str:
 
 @pytest.mark.slow
 def test_sigkill_then_rerun_reproduces_every_step(tmp_path):
-    reference = {s.step: s.loss for s in parse_step_lines(_run(tmp_path / "reference", tmp_path))}
+    reference_log = _run(tmp_path / "reference", tmp_path)
+    reference = {s.step: s.loss for s in parse_step_lines(reference_log)}
     assert sorted(reference) == list(range(1, STEPS + 1))
+    validated = {v.step: v.loss for v in parse_validation_lines(reference_log)}
+    assert sorted(validated) == [1, 10, STEPS]
 
     kill_after = random.Random().randint(6, STEPS - 1)  # after the first checkpoint (step 5)
     dump = tmp_path / "killed"
@@ -99,3 +103,8 @@ def test_sigkill_then_rerun_reproduces_every_step(tmp_path):
     print(f"killed after step {kill_after}, resumed from step {resumed_from}")
     for s in first + second:
         assert abs(s.loss - reference[s.step]) <= 1e-6, (s.step, s.loss, reference[s.step])
+    # The resumed run keeps the schedule: it validates at the reference's steps after its start, no others.
+    resumed_validations = parse_validation_lines(second_log)
+    assert [v.step for v in resumed_validations] == [step for step in validated if step > resumed_from]
+    for v in resumed_validations:
+        assert abs(v.loss - validated[v.step]) <= 1e-6, (v.step, v.loss, validated[v.step])

@@ -5,8 +5,6 @@ the reference kernels elsewhere) and swapped in by the same ``@override`` factor
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
@@ -14,7 +12,6 @@ from qwen3_titan_common.hf.eval_models import randomly_initialised
 from qwen3_titan_common.hf.model_dir import HFModelDir
 from qwen3_titan_common.hf.titan_load import cover_tokens, load_titan_model
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
-from torchtitan.config import TrainingConfig
 from torchtitan.config.override import apply_overrides
 
 from qwen3_titan_nki_moe.config_registry import debug_moe
@@ -24,12 +21,11 @@ from qwen3_titan_nki_moe.trainer import prepare_kernels
 def nki_moe_model(
     arch: Qwen3Architecture, weights: HFModelDir | None, *, dtype: torch.dtype, seq_len: int, seed: int = 0
 ) -> nn.Module:
-    # The backend's own config, with this architecture and sequence length: what its trainer would build.
-    config = dataclasses.replace(
-        debug_moe(),
-        model_spec=titan_qwen3_model_spec(arch, "eval"),
-        training=TrainingConfig(seq_len=seq_len),
-    )
+    # The backend's own config (fresh, ours to fill in), with this architecture and sequence length: what
+    # its trainer would build. Not dataclasses.replace: that re-runs torchtitan's checks, which print.
+    config = debug_moe()
+    config.model_spec = titan_qwen3_model_spec(arch, "eval")
+    config.training.seq_len = seq_len
     cover_tokens(config.model_spec.model, seq_len)
     prepare_kernels(config)
     apply_overrides(config.override, config)

@@ -23,10 +23,11 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+import tyro
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.loss import IGNORE_INDEX
@@ -102,9 +103,12 @@ class ValidationDataLoader(ParallelAwareDataloader):
         shuffle: bool = False
         """Visit the records in a seeded order (the order does not change the loss, only which rows pad)."""
 
-        records: Literal["held_out", "all"] = "all"
-        """Which records of the dataset and split: its held-out share (--dataloader.held_out) or all of them.
-        Set by the trainer from where the validation data comes from."""
+        # Set from the training data (choose_validation_data), or by `eval`: not flags of their own.
+        records: Annotated[Literal["held_out", "all"], tyro.conf.Suppress] = "all"
+        """Which records of the dataset and split: its held-out share or all of them."""
+
+        held_out: Annotated[float | None, tyro.conf.Suppress] = None
+        """The held-out share of the dataset (the training data's --dataloader.held_out)."""
 
         def __post_init__(self) -> None:
             if self.held_out is not None:

@@ -105,6 +105,10 @@ def _moe(arch: Qwen3Architecture):
             route_norm=moe.norm_topk_prob,
         ),
         routed_experts=routed_experts,
+        # No routing bias (torchtitan's auxiliary-loss-free balancing): Hugging Face's Qwen3-MoE has
+        # nowhere to keep one, so a bias learned here would be dropped by the export, and the exported
+        # model would route, and score, differently from the model that was trained and validated.
+        load_balance_coeff=None,
     )
 
 
