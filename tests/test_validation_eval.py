@@ -17,8 +17,8 @@ from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 BIN = Path(sys.executable).parent
 EXACT = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
-# The debug configs' validation: 4 batches of 8 x 256 (RunShape.validation_batches) is eval's --max-batches 4.
-EVAL_SHAPE = ["--seq-len", "256", "--batch-size", "8", "--max-batches", "4"]
+# The debug configs' validation: 3 batches of 8 x 256 (RunShape.validation_batches) is eval's --max-batches 3.
+EVAL_SHAPE = ["--seq-len", "256", "--batch-size", "8", "--max-batches", "3"]
 
 
 def _env(backend: str) -> dict[str, str]:
@@ -70,7 +70,7 @@ def test_eval_of_the_export_equals_the_last_validation(tmp_path, backend, config
     print(f"{backend}: validation at step {steps} {validations[-1].loss:.5f}, eval {trained['loss']:.5f}, "
           f"random init {random_init['loss']:.5f}, ln(vocab) {report['ln_vocab']:.4f}")  # fmt: skip
     assert report["model"] == backend
-    assert trained["tokens"] == 4 * 8 * 256  # four full batches of held-out text
+    assert trained["tokens"] == 3 * 8 * 256  # three full batches of held-out text
     assert abs(trained["loss"] - validations[-1].loss) <= 1e-4
     assert abs(random_init["loss"] - report["ln_vocab"]) < 0.3
     assert trained["loss"] < random_init["loss"] - 1.0
