@@ -40,8 +40,4 @@ def qwen3_30b_a3b_4layers() -> _NkiMoETrainer.Config:
 
 
 qwen3_30b_a3b = _CONFIGS.published("qwen3_30b_a3b")
-qwen3_nki_moe_config = _CONFIGS.published(
-    "qwen3_nki_moe_config",
-    "Qwen3-30B-A3B",
-    doc="The recipe's config: Qwen3-30B-A3B with NKI kernels on Trainium, reference kernels elsewhere.",
-)
+qwen3_nki_moe_config = _CONFIGS.published("qwen3_nki_moe_config")

@@ -81,6 +81,10 @@ PUBLISHED_CONFIG_FUNCTIONS: dict[str, tuple[str, str]] = {
     "qwen3_4b": ("Qwen3-4B", "Qwen3-4B shape (RoPE theta 1e6, as the original release), random init."),
     "qwen3_8b": ("Qwen3-8B", "Qwen3-8B shape (untied embeddings), random init."),
     "qwen3_30b_a3b": ("Qwen3-30B-A3B", "Qwen3-30B-A3B's shape (48 layers, 128 experts, top-8), random init."),
+    "qwen3_nki_moe_config": (
+        "Qwen3-30B-A3B",
+        "The recipe's config: Qwen3-30B-A3B with NKI kernels on Trainium, reference kernels elsewhere.",
+    ),
 }
 
 

@@ -3,7 +3,8 @@
 torchtitan finds a config function as a zero-argument callable attribute of the backend's
 ``config_registry`` (``--config NAME``), and the launcher lists them without importing anything
 (``cli.config_names`` reads the registry's source). A function written out is listed by its docstring;
-one made here is an assignment ``qwen3_1_7b = CONFIGS.published(..., doc="...")``, listed by its ``doc``.
+one made here is an assignment (``qwen3_1_7b = CONFIGS.published("qwen3_1_7b")``), listed by its
+``doc=`` or, for the published shapes, by the summary in ``arch.published.PUBLISHED_CONFIG_FUNCTIONS``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.arch.published import published_architecture
+from qwen3_titan_common.arch.published import PUBLISHED_CONFIG_FUNCTIONS, published_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir
 from qwen3_titan_common.train.config import (
     RunShape,
@@ -56,13 +57,15 @@ class BackendConfigs:
         """An embedded tiny model's run (``debug_shape`` unless given)."""
         return self.config(arch, name, shape or debug_shape(self.backend, name))
 
-    def published(self, name: str, hub_name: str, *, doc: str) -> ConfigFunction:
-        """``--config name``: the published checkpoint ``hub_name``'s shape, random init."""
-        return _named(
-            name,
-            doc,
-            lambda: self.config(published_architecture(hub_name), name, real_size_shape(self.backend, name)),
-        )
+    def published(self, name: str) -> ConfigFunction:
+        """``--config name``: a published checkpoint's shape, random init; which checkpoint, and the
+        function's one-line summary, from ``arch.published.PUBLISHED_CONFIG_FUNCTIONS``."""
+        hub_name, doc = PUBLISHED_CONFIG_FUNCTIONS[name]
+
+        def build() -> Qwen3Trainer.Config:
+            return self.config(published_architecture(hub_name), name, real_size_shape(self.backend, name))
+
+        return _named(name, doc, build)
 
     def recipe_4b_2507(self, name: str, *, doc: str) -> ConfigFunction:
         """``--config name``: the recipe's Qwen3-4B-Instruct-2507 from its local directory (assets/hf/)."""
