@@ -1,3 +1,5 @@
+import importlib
+
 """Which implementation runs, why, and that CPU hosts never import the Neuron code."""
 
 import sys
@@ -180,7 +182,7 @@ def test_two_modules_with_different_modes_each_run_their_own(op_table, tmp_modul
     )
     registry.register("rms_norm", reference=torch.ops.qwen3_titan.rms_norm, nki="tmp_twin_norm:rms_norm")
     monkeypatch.setattr(registry, "detect_device", lambda: NEURON)
-    import tmp_twin_norm
+    tmp_twin_norm = importlib.import_module("tmp_twin_norm")  # written by the fixture, not installed
 
     nki = RegistryRMSNorm.Config(normalized_shape=8, kernels="nki").build()
     reference = RegistryRMSNorm.Config(normalized_shape=8, kernels="reference").build()
