@@ -16,7 +16,7 @@ import pytest
 from qwen3_titan_common.data import ChatTemplateTokenizer, DatasetError, TextChatDataLoader
 from qwen3_titan_common.data.records import BadRecordError
 from qwen3_titan_testing.chats import sample_chat as chat
-from qwen3_titan_testing.qwen3_tokenizer import instruct_2507_template, qwen3_tokenizer_dir
+from qwen3_titan_testing.qwen3_tokenizer import hybrid_template, instruct_2507_template, qwen3_tokenizer_dir
 from torchtitan.components.loss import IGNORE_INDEX
 
 SEQ_LEN = 1024
@@ -48,6 +48,19 @@ def hybrid_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def instruct_dir(tmp_path_factory):
     return qwen3_tokenizer_dir(tmp_path_factory.mktemp("qwen3-2507"), instruct_2507_template())
+
+
+@pytest.fixture(scope="module")
+def thinking_dir(tmp_path_factory):
+    """Qwen3-Thinking-2507's change to the hybrid template: the generation prompt opens the think block, so
+    it starts only the turns after the last user message, not the earlier ones."""
+    template = hybrid_template()
+    prompt = template[template.index("{%- if add_generation_prompt %}") :]
+    assert "enable_thinking" in prompt
+    thinking = (
+        "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n<think>\\n' }}\n{%- endif %}"
+    )
+    return qwen3_tokenizer_dir(tmp_path_factory.mktemp("qwen3-thinking"), template.replace(prompt, thinking))
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +149,23 @@ def test_hybrid_template_trains_exactly_the_assistant_turns_of_the_full_renderin
         assert '{"result": 1}' not in learned
     if kind == "plain":
         assert learned.endswith("<think>\n\n</think>\n\n" + f"It is {2 * rounds - 1}.<|im_end|>")
+
+
+@pytest.mark.parametrize("kind", ["reasoning", "tools"])
+def test_generation_prompt_that_opens_the_think_block(tmp_path, thinking_dir, kind):
+    hf = hf_tokenizer(thinking_dir)
+    assert hf.apply_chat_template(
+        [{"role": "user", "content": "q"}], add_generation_prompt=True, tokenize=False
+    ).endswith("<|im_start|>assistant\n<think>\n")
+    record = chat(3, system=True, kind=kind)
+    [(inputs, labels)] = rows(tmp_path, thinking_dir, [record])
+    _, ids, trained = expected_from_offsets(hf, record)
+    assert (inputs, labels) == row_of(ids, trained, hf.convert_tokens_to_ids("<|im_end|>"))
+    assert trained_text(hf, labels).count("<|im_end|>") == text_count_assistants(record)
+
+
+def text_count_assistants(record):
+    return sum(m["role"] == "assistant" for m in record["messages"])
 
 
 @pytest.mark.parametrize("kind", ["plain", "tools"])

@@ -44,3 +44,40 @@ def test_multi_turn_qwen3_chats_train_from_the_first_step(tmp_path):
     # Random init predicts about uniformly over the 151,936-entry vocabulary.
     assert abs(steps[0].loss - math.log(QWEN3_VOCAB_SIZE)) < 0.3
     assert all(math.isfinite(s.loss) for s in steps)
+
+
+@pytest.mark.slow
+def test_the_configs_tokenizer_takes_a_generation_tag_template(tmp_path):
+    # torchtitan's own HuggingFaceTokenizer cannot compile {% generation %}; the config composes ours.
+    from qwen3_titan_native.config_registry import debug
+    from transformers import AutoTokenizer
+
+    template = (
+        "{%- for m in messages %}{{- '<|im_start|>' + m.role + '\\n' }}"
+        "{%- if m.role == 'assistant' %}{% generation %}{{- m.content + '<|im_end|>' }}{% endgeneration %}"
+        "{%- else %}{{- m.content + '<|im_end|>' }}{%- endif %}{{- '\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+    directory = qwen3_tokenizer_dir(tmp_path / "tokenizer", template)
+    record = sample_chat(3, system=True, kind="plain")
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps(record) + "\n")
+    config = debug()
+    config.dataloader.dataset = str(data)
+    tokenizer = config.tokenizer.build(tokenizer_path=str(directory))
+    loader = config.dataloader.build(
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=256, local_batch_size=1
+    )
+    inputs, labels = next(iter(loader))
+    reference = AutoTokenizer.from_pretrained(str(directory)).apply_chat_template(
+        record["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    ids, mask = reference["input_ids"], reference["assistant_masks"]
+    assert inputs["input"][0, : len(ids)].tolist() == ids
+    expected = [ids[t + 1] if mask[t + 1] else -100 for t in range(len(ids) - 1)]
+    assert labels[0, : len(ids) - 1].tolist() == expected
+    hf = AutoTokenizer.from_pretrained(str(directory))
+    assert (
+        hf.decode([t for t in expected if t != -100])
+        == "It is 1.<|im_end|>It is 3.<|im_end|>It is 5.<|im_end|>"
+    )
