@@ -14,11 +14,13 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.data.chat import EarlierReasoning
 from qwen3_titan_common.data.dataset import READ_AHEAD, RecordStreamDataset, StreamSettings
-from qwen3_titan_common.data.records import detect_format
+from qwen3_titan_common.data.records import RecordFormat, detect_format
 from qwen3_titan_common.data.sources import (
     DEFAULT_DATASET,
     DatasetError,
+    RecordSource,
     ResolvedDataset,
     open_source,
     resolve_dataset,
@@ -43,6 +45,15 @@ class TextChatDataLoader(ParallelAwareDataloader):
 
         messages_field: str = "messages"
         """Field of a chat record holding its list of {role, content} messages."""
+
+        tools_field: str = "tools"
+        """Field of a chat record holding the tool definitions (JSON schemas) its template writes; optional."""
+
+        earlier_reasoning: EarlierReasoning = "template"
+        """An assistant turn whose reasoning the chat template leaves out of the full conversation (Qwen3's does
+        for turns before the last user message): 'template' trains it as rendered, without its reasoning;
+        'context' does not train it; 'split' trains it in a row of its own, the chat cut after it, with its
+        reasoning."""
 
         split: str = "train"
         """Split read from a save_to_disk DatasetDict, a Hub dataset, or a directory whose file names name splits."""
@@ -105,21 +116,23 @@ class TextChatDataLoader(ParallelAwareDataloader):
         )
 
 
-def build_record_stream(
-    config: TextChatDataLoader.Config,
-    *,
-    tokenizer: BaseTokenizer,
-    seq_len: int,
-    dp_rank: int,
-    dp_world_size: int,
-) -> RecordStreamDataset:
+@dataclass(frozen=True)
+class OpenedDataset:
+    resolved: ResolvedDataset
+    source: RecordSource
+    record_format: RecordFormat  # "auto" decided by the first records
+
+
+def open_dataset(config: TextChatDataLoader.Config) -> OpenedDataset:
+    """The records ``config`` names, opened (columnar files: only the columns read) and their format."""
     resolved = resolve_dataset(config.dataset, split=config.split, allow_network=config.allow_network)
     if resolved.note:
         logger.info(f"data: {resolved.spec}: {resolved.note}")
     wanted = {"text": [config.text_field], "chat": [config.messages_field]}.get(
         config.format, [config.messages_field, config.text_field]
     )
-    source = open_source(resolved, wanted, config.split)
+    optional = [] if config.format == "text" else [config.tools_field]
+    source = open_source(resolved, wanted, config.split, optional)
     if not len(source):
         raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
     record_format = config.format
@@ -128,11 +141,26 @@ def build_record_stream(
         record_format = detect_format(
             first, text_field=config.text_field, messages_field=config.messages_field, dataset=config.dataset
         )
+    return OpenedDataset(resolved, source, record_format)
+
+
+def build_record_stream(
+    config: TextChatDataLoader.Config,
+    *,
+    tokenizer: BaseTokenizer,
+    seq_len: int,
+    dp_rank: int,
+    dp_world_size: int,
+) -> RecordStreamDataset:
+    opened = open_dataset(config)
+    resolved, source, record_format = opened.resolved, opened.source, opened.record_format
     settings = StreamSettings(
         record_format=record_format,
         seq_len=seq_len,
         text_field=config.text_field,
         messages_field=config.messages_field,
+        tools_field=config.tools_field,
+        earlier_reasoning=config.earlier_reasoning,
         shuffle=config.shuffle,
         seed=config.seed,
         infinite=config.infinite,
@@ -143,6 +171,11 @@ def build_record_stream(
         source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size
     )
     logger.info(_summary(resolved, len(source), settings, dp_rank, dp_world_size, config.format))
+    if dataset.chat is not None:
+        logger.info(
+            f"data: loss on {dataset.chat.method}; earlier reasoning: {settings.earlier_reasoning} "
+            "(preview-data shows what is trained)"
+        )
     return dataset
 
 
