@@ -1,7 +1,7 @@
-import importlib
 
 """Which implementation runs, why, and that CPU hosts never import the Neuron code."""
 
+import importlib
 import sys
 
 import pytest
