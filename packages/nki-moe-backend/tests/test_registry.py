@@ -1,4 +1,3 @@
-
 """Which implementation runs, why, and that CPU hosts never import the Neuron code."""
 
 import importlib
