@@ -32,7 +32,12 @@ NeuronCore-v3). The host never copies a weight: the earlier version transposed e
 expert's three weights on the host on every call (three ``[E, F, D]`` copies per layer and
 forward, 1.2 GB in bf16 at 30B-A3B without expert parallelism, and two more per backward). The backward reads ``w2`` (dh = dy @ w2) and ``w1``/``w3``
 (dx = dgate @ w1 + dup @ w3) in the stored layout directly and transposes only for the
-recomputed gate/up.
+recomputed gate/up. The price is TensorE time: the forward's ``3*Ft*Dt`` transposes per expert
+are about one 128-row block's matmul work, so at 30B-A3B (4096 tokens x top-8 over 128
+experts: 2 blocks per expert on average) a third of the forward's TensorE time. Keeping a
+second, transposed copy of the expert weights in step with the optimizer would avoid both the
+transposes and the host copies, at twice the experts' memory; ``nisa.dma_transpose`` (2-byte
+dtypes) could move the transposes off the TensorE. Neither is done here.
 
 Weight gradients are computed here too (``grouped_swiglu_wgrad_kernel``): per expert, the sum
 over its blocks of ``dgate^T @ x``, ``dup^T @ x`` and ``dy^T @ h`` (TensorE, contraction over
