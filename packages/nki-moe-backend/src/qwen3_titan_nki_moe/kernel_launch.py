@@ -1,11 +1,11 @@
 """How the NKI kernels are launched from PyTorch: the grid, and one wrapped callable per kernel.
 
-Two facts about ``torch_neuronx.wrap_nki`` decide this module (read in torch-neuronx's
-``nki_hop.py``, where ``wrap_nki`` and its ``NKIHOPCaller`` live):
+Two facts about ``torch_neuronx.wrap_nki`` decide this module (read in two versions of
+torch-neuronx's source of ``wrap_nki`` and the ``NKIHOPCaller`` it returns):
 
-- the grid: one version's ``NKIHOPCaller.__getitem__`` runs ``tuple(map(int, grid))``, so
-  ``wrap_nki(kernel)[2]`` raises ``TypeError: 'int' object is not iterable`` there, while a
-  tuple works in every version. Our kernels split their work over the ``LNC`` physical cores
+- the grid: one version's ``NKIHOPCaller.__getitem__`` turns an int into ``(int,)``, the other
+  runs ``tuple(map(int, grid))``, so ``wrap_nki(kernel)[2]`` raises ``TypeError: 'int' object
+  is not iterable`` there, while a tuple works in both. Our kernels split their work over the ``LNC`` physical cores
   of a logical NeuronCore, so the grid is ``(lnc,)``; NKI 0.7 (Neuron SDK 2.33) checks that
   this matches the compiler's LNC (``NEURON_LOGICAL_NC_CONFIG``).
 - the cost of wrapping: every ``wrap_nki(kernel)`` call traces the kernel again and adds it to
