@@ -9,7 +9,8 @@ torch-neuronx's source of ``wrap_nki`` and the ``NKIHOPCaller`` it returns):
   of a logical NeuronCore, so the grid is ``(lnc,)``; NKI 0.7 (Neuron SDK 2.33) checks that
   this matches the compiler's LNC (``NEURON_LOGICAL_NC_CONFIG``).
 - the cost of wrapping: every ``wrap_nki(kernel)`` call traces the kernel again and adds it to
-  torch-neuronx's kernel table (its registry looks the kernel up by a key it never stores).
+  torch-neuronx's kernel table (in the version read, the table looks the kernel up by a key it
+  never stores, so the lookup always misses).
   Wrapping on every call would re-trace and re-register on every step, so each
   ``(kernel, lnc)`` is wrapped once, here, and the callable is reused.
 
