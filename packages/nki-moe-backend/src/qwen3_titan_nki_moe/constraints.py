@@ -1,7 +1,7 @@
 """The NKI kernels' shape rules, checked before anything is built.
 
 Each kernel tiles its work in 128-row partitions and splits it over the ``LNC`` physical
-cores of a logical NeuronCore (``kernel[lnc]``), so a run that asks for the NKI path
+cores of a logical NeuronCore (grid ``(lnc,)``), so a run that asks for the NKI path
 (``--kernels nki``) is checked here on every device, a laptop included, and fails with one line naming the flag (or ``config.json`` field) and the
 nearest valid value. Under ``--kernels auto`` on Trainium an op whose rule fails falls
 back to its reference implementation instead, with the rule as the logged reason.
