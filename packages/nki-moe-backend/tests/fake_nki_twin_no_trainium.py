@@ -616,6 +616,7 @@ def installed(with_torch_neuronx: bool = True):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     neuronx = FakeTorchNeuronx()
+    STATE.launches = []
     _forget_kernel_modules()
     sys.modules.update({"nki": nki_module, "nki.isa": isa, "nki.language": language})
     if with_torch_neuronx:
