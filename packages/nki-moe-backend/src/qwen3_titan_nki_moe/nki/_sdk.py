@@ -1,11 +1,12 @@
-"""The Neuron SDK imports every kernel module needs, in one place (Trainium hosts only)."""
+"""The torch-neuronx side of the kernels, in one place (Trainium hosts only).
+
+``launch(kernel)`` is the kernel's wrapped callable for this process's logical core size,
+built once (``qwen3_titan_nki_moe.kernel_launch``): ``wrap_nki(kernel)[(lnc,)]``.
+"""
 
 from __future__ import annotations
 
 try:
-    import nki
-    import nki.isa as nisa
-    import nki.language as nl
     from torch_neuronx import nki_op, wrap_nki
 except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages
     raise ImportError(
@@ -15,12 +16,16 @@ except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages
 
 from qwen3_titan_common.runtime.neuron_env import logical_core_size
 
-# Partition count of SBUF/PSUM tiles: every kernel tiles rows (or the contraction) by it.
-P = 128
-# Largest moving free size of one nc_matmul (and one PSUM bank of fp32).
-MOVING_MAX = 512
+from qwen3_titan_nki_moe.kernel_launch import KernelLaunchers
 
-__all__ = ["MOVING_MAX", "P", "logical_core_size", "nisa", "nki", "nki_op", "nl", "on_neuron", "wrap_nki"]
+__all__ = ["launch", "logical_core_size", "nki_op", "on_neuron"]
+
+_LAUNCHERS = KernelLaunchers(wrap_nki)
+
+
+def launch(kernel):
+    """The wrapped, launchable ``kernel`` on a ``(LNC,)`` grid (LNC = ``NEURON_LOGICAL_NC_CONFIG``)."""
+    return _LAUNCHERS(kernel, logical_core_size())
 
 
 def on_neuron(*tensors) -> bool:
