@@ -10,7 +10,7 @@ import torch
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir, parse_size
 from qwen3_titan_common.hf.model_dir import open_model_dir
-from qwen3_titan_common.testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
