@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_testing.slurm import SlurmUnavailable, ensure_installed, one_node_slurm
+from qwen3_titan_testing.processes import with_environment
+from qwen3_titan_testing.slurm import MARKER, SlurmUnavailable, ensure_installed, one_node_slurm
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 STEPS, INTERVAL, REQUEUE_AFTER = 12, 4, 6
@@ -65,6 +66,11 @@ def test_sbatch_script_trains_exports_and_resumes_when_requeued(tmp_path):
         except (TimeoutError, RuntimeError) as err:
             text = log.read_text(errors="replace")[-4000:] if log.exists() else "(no job output)"
             pytest.fail(f"{err}\n{text}\n{cluster.log_tail()}")
+    # Cleaned up: every daemon stopped, no process left that the cluster started.
+    assert all(daemon.poll() is not None for daemon in cluster.daemons.values())
+    assert set(cluster.daemons) == {"munged", "slurmctld", "slurmd"}
+    assert not with_environment(MARKER, str(cluster.root))
+
     text = log.read_text(errors="replace")
     assert (fields["JobState"], fields["ExitCode"], fields["Restarts"]) == ("COMPLETED", "0:0", "1"), text[
         -4000:
