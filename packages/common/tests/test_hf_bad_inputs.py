@@ -126,3 +126,48 @@ def test_index_pointing_at_the_wrong_shard(sharded):
     index["weight_map"][key] = shards[0]
     (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
     _fails(sharded, CheckpointError, f"says '{key}' is in {shards[0]}, which does not hold it")
+
+
+def test_truncated_safetensors_says_by_how_much(single):
+    weights = single / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:-100])
+    _fails(
+        single,
+        CheckpointError,
+        f"{weights}: truncated",
+        f"({len(data) - 100} bytes, header promises {len(data)})",
+    )
+
+
+def test_bytes_beyond_the_tensors_are_refused(single):
+    weights = single / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b"\0" * 16)
+    message = _fails(single, CheckpointError, f"{weights}: corrupt safetensors file")
+    assert "truncated" not in message
+
+
+def test_header_length_beyond_the_file(single):
+    weights = single / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes((len(data) * 2).to_bytes(8, "little") + data[8:])
+    _fails(single, CheckpointError, f"{weights}: corrupt or truncated", "> file")
+
+
+def test_file_shorter_than_the_header_length(single):
+    (single / "model.safetensors").write_bytes(b"\x01\x02")
+    _fails(single, CheckpointError, "model.safetensors: not a safetensors file")
+
+
+def test_index_without_a_weight_map_object(sharded):
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.norm.weight"]}))
+    _fails(sharded, CheckpointError, "model.safetensors.index.json: not a safetensors index")
+
+
+def test_corrupt_shard_named_by_an_index(sharded):
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    second = sharded / sorted(set(index["weight_map"].values()))[1]
+    data = bytearray(second.read_bytes())
+    data[8:16] = b"garbage!"
+    second.write_bytes(bytes(data))
+    _fails(sharded, CheckpointError, f"{second}: corrupt safetensors header")

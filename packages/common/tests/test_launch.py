@@ -153,3 +153,24 @@ def test_uv_run_package_is_read_from_the_parent_process(tmp_path):
         check=True,
     )
     assert out.stdout.strip() == "hf-v5-backend"
+
+
+def test_config_functions_made_by_a_factory_are_listed_with_their_doc(tmp_path, monkeypatch):
+    # `name = CONFIGS.published(..., doc="...")` is a config function too (train.config_functions).
+    from qwen3_titan_common.cli.config_names import list_config_functions
+
+    package = tmp_path / "my_backend"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config_registry.py").write_text(
+        "def debug():\n    '''The tiny one.'''\n\n"
+        "qwen3_1_7b = _CONFIGS.published('qwen3_1_7b', 'Qwen3-1.7B', doc='Qwen3-1.7B shape.\\nMore.')\n"
+        "_private = _CONFIGS.published('x', 'y', doc='hidden')\n"
+        "not_a_config = some_call(1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    functions = list_config_functions("my_backend")
+    assert [(f.name, f.summary) for f in functions] == [
+        ("debug", "The tiny one."),
+        ("qwen3_1_7b", "Qwen3-1.7B shape."),
+    ]

@@ -6,22 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from nki_moe_models import QWEN3_30B_A3B_SHAPE, kernel_shape
 from qwen3_titan_nki_moe import config_registry, constraints, registry
 from qwen3_titan_nki_moe.launch import nki_precheck
 from qwen3_titan_nki_moe.trainer import prepare_kernels
 
 
 def _shape(**changes):
-    base = dict(
-        seq_len=4096,
-        head_dim=128,
-        hidden_size=2048,
-        rope_cache_len=40960,
-        lnc=2,
-        num_experts=128,
-        moe_intermediate_size=768,
-    )
-    return constraints.KernelShape(**{**base, **changes})
+    return kernel_shape(QWEN3_30B_A3B_SHAPE, **changes)
 
 
 def _messages(**changes):
@@ -49,11 +41,16 @@ def test_sequence_longer_than_the_rope_cache():
     ]
 
 
-@pytest.mark.parametrize(("head_dim", "nearest"), [(160, 128), (63, 62)])
+@pytest.mark.parametrize(("head_dim", "nearest"), [(8194, 8192), (63, 62)])
 def test_head_dim(head_dim, nearest):
     assert _messages(head_dim=head_dim) == [
-        f"config.json head_dim {head_dim}: the NKI rope_hf kernel needs an even head_dim <= 128; nearest valid: {nearest}"
+        f"config.json head_dim {head_dim}: the NKI rope_hf kernel needs an even head_dim <= 8192; nearest valid: {nearest}"
     ]
+
+
+def test_head_dim_over_128_is_fine():
+    # head_dim is on the kernel's free axis: 256 (and anything even up to 8192) runs.
+    assert _messages(head_dim=256) == []
 
 
 def test_expert_parallel_degree_must_divide_the_experts():
@@ -71,6 +68,16 @@ def test_moe_sizes():
     assert _messages(hidden_size=2000)[0].startswith(
         "config.json hidden_size 2000: the NKI grouped_swiglu kernel needs a multiple of 128"
     )
+
+
+def test_one_experts_weights_must_fit_sbuf():
+    # Qwen3-235B-A22B's experts (hidden 4096, moe_intermediate 1536): 768 rows per core do not fit.
+    assert _messages(hidden_size=4096, moe_intermediate_size=1536) == [
+        "config.json moe_intermediate_size 1536: the NKI grouped_swiglu kernel needs one expert's weights "
+        "in SBUF at hidden_size 4096 (kernel_limits.grouped_swiglu_bytes, fp32); nearest valid: 256"
+    ]
+    assert _messages(moe_intermediate_size=1024) == []  # hidden 2048: 512 rows per core is the fp32 limit
+    assert _messages(moe_intermediate_size=1280)[0].endswith("nearest valid: 1024")
 
 
 def test_nearest_helpers():

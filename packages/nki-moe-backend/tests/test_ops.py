@@ -147,6 +147,7 @@ def test_block_layout_of_the_docstring_example():
     assert layout.row_of_slot.tolist() == [0, 1, 2, 8, 3, 4, 5, 6, 7] + [8] * 11
     assert layout.slot_of_row_R.tolist() == [0, 1, 2, 4, 5, 6, 7, 8]
     assert layout.padded_offsets_E.tolist() == [4, 4, 12]
+    assert layout.block_start_E1.view(-1).tolist() == [0, 1, 1, 5]
 
 
 def test_blockwise_computation_equals_the_op():

@@ -1,7 +1,7 @@
 """The NKI kernels' shape rules, checked before anything is built.
 
 Each kernel tiles its work in 128-row partitions and splits it over the ``LNC`` physical
-cores of a logical NeuronCore (``kernel[lnc]``), so a run that asks for the NKI path
+cores of a logical NeuronCore (grid ``(lnc,)``), so a run that asks for the NKI path
 (``--kernels nki``) is checked here on every device, a laptop included, and fails with one line naming the flag (or ``config.json`` field) and the
 nearest valid value. Under ``--kernels auto`` on Trainium an op whose rule fails falls
 back to its reference implementation instead, with the rule as the logged reason.
@@ -9,12 +9,16 @@ back to its reference implementation instead, with the rule as the logged reason
 The rules, by op (P = 128 partitions, LNC = ``NEURON_LOGICAL_NC_CONFIG``, 2 on trn2):
 
 - ``rope_hf``:        seq_len a multiple of P x LNC; seq_len <= the RoPE cache length;
-                      head_dim even and <= P
+                      head_dim even and <= 8192 (head_dim is on the free axis)
 - ``rms_norm``:       seq_len a multiple of P x LNC (rows split over the cores);
-                      hidden_size <= 8192 (one row's statistics in one SBUF partition)
+                      hidden_size <= 8192 (one row per SBUF partition, fp32 backward)
 - ``grouped_swiglu``: hidden_size a multiple of P; moe_intermediate_size a multiple of
-                      P x LNC (the hidden dimension is split over the cores); the expert
-                      count divisible by the expert-parallel degree
+                      P x LNC (the hidden dimension is split over the cores); one expert's
+                      share of the weights resident in SBUF (``kernel_limits``, checked for
+                      fp32, the largest dtype); the expert count divisible by the
+                      expert-parallel degree
+
+The SBUF arithmetic behind the size limits is in ``kernel_limits``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from dataclasses import dataclass
 
 from qwen3_titan_common.errors import UserInputError
 
-PARTITIONS = 128
-MAX_NORM_DIM = 8192
+from qwen3_titan_nki_moe import kernel_limits
+from qwen3_titan_nki_moe.kernel_limits import MAX_NORM_DIM, MAX_ROPE_HEAD_DIM, PARTITIONS
+
+# The shape rules are checked before the run's dtype is known: assume the widest.
+RULE_ITEMSIZE = kernel_limits.FP32
 
 
 class KernelConstraintError(UserInputError):
@@ -69,8 +76,8 @@ def nearest_divisor(value: int, of: int) -> int:
 
 
 def _nearest_valid_head_dim(head_dim: int) -> int:
-    if head_dim > PARTITIONS:
-        return PARTITIONS
+    if head_dim > MAX_ROPE_HEAD_DIM:
+        return MAX_ROPE_HEAD_DIM
     return head_dim - 1 if head_dim % 2 else head_dim
 
 
@@ -98,13 +105,13 @@ def violations(shape: KernelShape) -> list[Violation]:
                 cap,
             )
         )
-    if shape.head_dim % 2 or shape.head_dim > PARTITIONS:
+    if shape.head_dim % 2 or shape.head_dim > MAX_ROPE_HEAD_DIM:
         found.append(
             Violation(
                 "rope_hf",
                 "config.json head_dim",
                 shape.head_dim,
-                f"an even head_dim <= {PARTITIONS}",
+                f"an even head_dim <= {MAX_ROPE_HEAD_DIM}",
                 _nearest_valid_head_dim(shape.head_dim),
             )
         )
@@ -137,6 +144,8 @@ def violations(shape: KernelShape) -> list[Violation]:
                     nearest_multiple(shape.moe_intermediate_size, rows),
                 )
             )
+        elif not shape.hidden_size % PARTITIONS:
+            found.extend(_resident_weights(shape))
         if shape.num_experts % shape.ep_degree:
             found.append(
                 Violation(
@@ -148,6 +157,43 @@ def violations(shape: KernelShape) -> list[Violation]:
                 )
             )
     return found
+
+
+def _resident_weights(shape: KernelShape) -> list[Violation]:
+    """One expert's share of the weights (``moe_intermediate_size / LNC`` rows) must fit SBUF."""
+    assert shape.moe_intermediate_size is not None
+    hidden = shape.moe_intermediate_size // shape.lnc
+    if kernel_limits.grouped_swiglu_fits(shape.hidden_size, hidden, RULE_ITEMSIZE):
+        return []
+    largest = kernel_limits.max_grouped_swiglu_hidden(shape.hidden_size, RULE_ITEMSIZE) * shape.lnc
+    if largest == 0:
+        return [
+            Violation(
+                "grouped_swiglu",
+                "config.json hidden_size",
+                shape.hidden_size,
+                "one expert's weights in SBUF (kernel_limits.grouped_swiglu_bytes, fp32)",
+                _largest_hidden_size(shape.lnc),
+            )
+        ]
+    return [
+        Violation(
+            "grouped_swiglu",
+            "config.json moe_intermediate_size",
+            shape.moe_intermediate_size,
+            f"one expert's weights in SBUF at hidden_size {shape.hidden_size} "
+            "(kernel_limits.grouped_swiglu_bytes, fp32)",
+            largest,
+        )
+    ]
+
+
+def _largest_hidden_size(lnc: int) -> int:
+    """The largest hidden_size (a multiple of 128) with room for one 128-row share per core."""
+    dim = PARTITIONS
+    while kernel_limits.grouped_swiglu_fits(dim + PARTITIONS, PARTITIONS, RULE_ITEMSIZE):
+        dim += PARTITIONS
+    return dim
 
 
 def violations_by_op(shape: KernelShape) -> dict[str, list[Violation]]:

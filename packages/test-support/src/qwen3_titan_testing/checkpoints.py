@@ -44,13 +44,17 @@ def make_tiny_checkpoint(
     max_shard_size: str | None = None,
     seed: int = 0,
     with_tokenizer: bool = True,
+    vocab_size: int = 4096,
+    tokenizer_dir: Path | None = None,
 ) -> Path:
-    """Save a randomly initialised tiny model (and the embedded tokenizer) to ``path``."""
+    """Save a randomly initialised tiny model (and a tokenizer: the embedded one unless ``tokenizer_dir``)."""
     from qwen3_titan_common.assets import default_tokenizer_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_qwen3_config(moe=moe, tied=tied)).to(dtype)
+    model = AutoModelForCausalLM.from_config(tiny_qwen3_config(moe=moe, tied=tied, vocab_size=vocab_size)).to(
+        dtype
+    )
     # Norm weights start at 1.0; perturb them so a loader that skips them is caught.
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -59,5 +63,5 @@ def make_tiny_checkpoint(
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(path, **kwargs)
     if with_tokenizer:
-        AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(path)
+        AutoTokenizer.from_pretrained(str(tokenizer_dir or default_tokenizer_dir())).save_pretrained(path)
     return Path(path)

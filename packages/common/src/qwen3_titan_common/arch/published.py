@@ -70,6 +70,24 @@ PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# The config functions every backend may offer for a published shape (random init), by --config name:
+# (published model, one-line summary). Backends make them with train.config_functions.
+PUBLISHED_CONFIG_FUNCTIONS: dict[str, tuple[str, str]] = {
+    "qwen3_0_6b": (
+        "Qwen3-0.6B",
+        "Qwen3-0.6B shape, random init (give a model directory to start from its weights).",
+    ),
+    "qwen3_1_7b": ("Qwen3-1.7B", "Qwen3-1.7B shape, random init."),
+    "qwen3_4b": ("Qwen3-4B", "Qwen3-4B shape (RoPE theta 1e6, as the original release), random init."),
+    "qwen3_8b": ("Qwen3-8B", "Qwen3-8B shape (untied embeddings), random init."),
+    "qwen3_30b_a3b": ("Qwen3-30B-A3B", "Qwen3-30B-A3B's shape (48 layers, 128 experts, top-8), random init."),
+    "qwen3_nki_moe_config": (
+        "Qwen3-30B-A3B",
+        "The recipe's config: Qwen3-30B-A3B with NKI kernels on Trainium, reference kernels elsewhere.",
+    ),
+}
+
+
 def published_architecture(name: str) -> Qwen3Architecture:
     if name not in PUBLISHED_CONFIGS:
         raise KeyError(f"unknown published model {name!r}; known: {', '.join(PUBLISHED_CONFIGS)}")

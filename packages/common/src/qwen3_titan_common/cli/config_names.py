@@ -11,6 +11,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from qwen3_titan_common.arch.published import PUBLISHED_CONFIG_FUNCTIONS
+
 
 @dataclass(frozen=True)
 class ConfigFunction:
@@ -29,15 +31,42 @@ def _registry_source(module: str) -> Path | None:
     return None
 
 
+def _made_by_call(node: ast.stmt) -> ConfigFunction | None:
+    """``name = <factory>(..., doc="...")`` or ``name = <factory>.published("<name>")``: a config function
+    made by a factory (train.config_functions); the latter's summary is the published table's."""
+    if not (
+        isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    ):
+        return None
+    name = node.targets[0].id
+    if name.startswith("_") or not isinstance(node.value, ast.Call):
+        return None
+    for keyword in node.value.keywords:
+        if (
+            keyword.arg == "doc"
+            and isinstance(keyword.value, ast.Constant)
+            and isinstance(keyword.value.value, str)
+        ):
+            return ConfigFunction(name, keyword.value.value.strip().splitlines()[0])
+    first = node.value.args[0] if node.value.args else None
+    if isinstance(first, ast.Constant) and first.value in PUBLISHED_CONFIG_FUNCTIONS:
+        return ConfigFunction(name, PUBLISHED_CONFIG_FUNCTIONS[first.value][1])
+    return None
+
+
 def list_config_functions(module: str) -> list[ConfigFunction] | None:
-    """Public zero-argument functions defined in the module's config registry, or None."""
+    """Public zero-argument functions defined in the module's config registry (written out, or made by
+    a factory call with a ``doc=``), in source order, or None."""
     source = _registry_source(module)
     if source is None:
         return None
     tree = ast.parse(source.read_text(), filename=str(source))
     found = []
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+        made = _made_by_call(node)
+        if made is not None:
+            found.append(made)
+        elif isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
             args = node.args
             if args.args or args.posonlyargs or args.kwonlyargs or args.vararg or args.kwarg:
                 continue

@@ -1,98 +1,148 @@
 """Chat records rendered with the tokenizer's own chat template, assistant tokens marked.
 
-Which tokens an assistant turn contributes is found in characters, then mapped to tokens:
+The conversation is rendered once, as a whole, and tokenized once, as inference would see it. Each
+assistant turn is located in that rendering (``turns``): from the end of its role header up to and
+including its end-of-turn token; a template with ``{% generation %}`` blocks says itself what is the
+assistant's. A token is trained when its characters overlap an assistant span, the rule transformers'
+``return_assistant_tokens_mask`` applies.
 
-- the turn starts where the template's generation prompt for it ends
-  (``render(messages[:i], add_generation_prompt=True)``, e.g. after ``<|im_start|>assistant\\n``):
-  the prompt header is what inference supplies, so it is not trained;
-- it ends where ``render(messages[:i+1])`` ends, less trailing whitespace: the end-of-turn token
-  (``<|im_end|>``) is trained, so the model learns to stop; the newline the template writes after
-  it is not, since generation stops before it.
+Earlier reasoning: Qwen3's hybrid template renders an assistant's reasoning only for turns after the
+last user message; earlier turns appear without it. ``earlier_reasoning`` says what to do with a turn
+whose reasoning the full rendering leaves out:
 
-The whole conversation is tokenized once, as inference would tokenize it, and a token is an
-assistant token when its first character lies inside an assistant turn. That needs a template
-that renders a conversation's prefix as a prefix of the full rendering (ChatML and Qwen3's do);
-otherwise the record is reported as bad.
+- ``template`` (default, the template's own behaviour): train the turn as rendered, without it;
+- ``context``: do not train that turn (it stays in the conversation as context);
+- ``split``: train it in a row of its own, the conversation cut after it, where the template renders
+  it with its reasoning (as the last turn); the full conversation's row trains the other turns.
 """
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
+import numpy as np
+
+from qwen3_titan_common.data.conversation import Conversation, reasoning_of
 from qwen3_titan_common.data.records import InvalidRecord
 from qwen3_titan_common.data.sources import DatasetError
+from qwen3_titan_common.data.template import ChatRenderer, template_source
 from qwen3_titan_common.data.tokens import DocumentTokenizer
+from qwen3_titan_common.data.turns import TurnMarkers
 
-_PROBE = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]
+EarlierReasoning = Literal["template", "context", "split"]
+_PROBE = Conversation([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}])
 
 
 @dataclass(frozen=True)
 class ChatTokens:
     ids: list[int]
-    trained: list[bool]  # per token: written by an assistant turn, so predicting it is trained
+    trained: np.ndarray  # bool per token: written by an assistant turn, so predicting it is trained
+    text: str  # the rendered conversation
+    offsets: list[tuple[int, int]]  # each token's characters in it
 
 
 class ChatTokenizer:
-    def __init__(self, tokens: DocumentTokenizer):
+    def __init__(self, tokens: DocumentTokenizer, earlier_reasoning: EarlierReasoning = "template"):
+        import jinja2
+
         self.tokens = tokens
+        self.earlier_reasoning = earlier_reasoning
+        source = template_source(tokens.base)
+        if source is None:
+            raise DatasetError(
+                "chat records need a chat template: the tokenizer has none; add `chat_template` to "
+                "tokenizer_config.json or a chat_template.jinja next to it"
+            )
         # Templates written for transformers may use these (e.g. Llama's `{{ bos_token }}`).
-        self._template_vars = {
+        variables = {
             name: getattr(tokens.base, name)
             for name in ("bos_token", "eos_token")
             if getattr(tokens.base, name, None)
         }
+        self.renderer = ChatRenderer(source, variables)
         try:
+            self.markers = None if self.renderer.has_generation_tags else TurnMarkers.probe(self.renderer)
             probe = self.tokenize(_PROBE)
-        except ValueError as e:  # torchtitan: "No chat template set"
-            raise DatasetError(
-                f"chat records need a chat template: the tokenizer has none ({e}); add `chat_template` to "
-                "tokenizer_config.json or a chat_template.jinja next to it"
-            ) from e
+        except jinja2.TemplateError as e:
+            raise DatasetError(f"the tokenizer's chat template fails on a two-message chat ({e})") from e
         except InvalidRecord as e:
             raise DatasetError(
                 f"the tokenizer's chat template cannot be used for assistant-only loss: {e}"
             ) from e
-        if not any(probe.trained):
+        if not probe[0].trained.any():
             raise DatasetError(
                 "the tokenizer's chat template writes no assistant text; nothing would be trained"
             )
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False) -> str:
+    @property
+    def method(self) -> str:
+        """How assistant tokens are found, for the log and ``preview-data``."""
+        if self.markers is None:
+            return "the template's {% generation %} blocks"
+        return f"assistant turns between {self.markers.header!r} and {self.markers.end!r}"
+
+    def turns(self, conversation: Conversation) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character spans trained in it, in order."""
         import jinja2
 
         try:
-            return self.tokens.base.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, **self._template_vars
-            )
+            rendering = self.renderer.render(conversation.messages, tools=conversation.tools)
         except jinja2.TemplateError as e:
             raise InvalidRecord(f"chat template rejected the conversation ({e})") from e
+        if self.markers is None:
+            return rendering.text, rendering.generation_spans
+        return rendering.text, self.markers.locate(rendering.text, conversation)
 
-    def assistant_spans(self, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered conversation and the character span of each assistant turn in it."""
-        full = self.render(messages)
-        spans = []
-        for i, message in enumerate(messages):
-            if message["role"] != "assistant":
-                continue
-            before = self.render(messages[:i], add_generation_prompt=True)
-            through = self.render(messages[: i + 1])
-            if not (through.startswith(before) and full.startswith(through)):
-                raise InvalidRecord(
-                    f"the chat template renders turn {i} differently once other turns follow, "
-                    "so its assistant tokens cannot be located"
-                )
-            start = len(before)
-            spans.append((start, start + len(through[start:].rstrip())))
-        return full, spans
+    def tokenize(self, conversation: Conversation) -> list[ChatTokens]:
+        """The rows one conversation trains: one, or with ``split`` one more per turn cut out."""
+        text, spans = self.turns(conversation)
+        if self.earlier_reasoning == "template":
+            return [self._tokens(text, spans)]
+        assistants = conversation.assistant_indices()
+        if len(spans) != len(assistants):
+            raise InvalidRecord(
+                f"the chat template marks {len(spans)} {{% generation %}} block(s) for {len(assistants)} "
+                f"assistant message(s); --dataloader.earlier_reasoning {self.earlier_reasoning} needs one each"
+            )
+        kept, rows = [], []
+        for i, span in zip(assistants, spans, strict=True):
+            reasoning = reasoning_of(conversation.messages[i])
+            if not reasoning or reasoning in text[span[0] : span[1]]:
+                kept.append(span)
+            elif self.earlier_reasoning == "split":
+                cut = Conversation(conversation.messages[: i + 1], conversation.tools)
+                cut_text, cut_spans = self.turns(cut)
+                last = cut_spans[-1]
+                if reasoning in cut_text[last[0] : last[1]]:
+                    rows.append(self._tokens(cut_text, [last]))
+                else:  # the template never renders it: train the turn as it renders it
+                    kept.append(span)
+        if kept:
+            rows.append(self._tokens(text, kept))
+        if not rows:
+            raise InvalidRecord(
+                "every assistant turn's reasoning is left out of the rendered chat, so nothing is trained "
+                "with --dataloader.earlier_reasoning context (split trains each in a row of its own)"
+            )
+        return rows
 
-    def tokenize(self, messages: list[dict[str, Any]]) -> ChatTokens:
-        text, spans = self.assistant_spans(messages)
+    def _tokens(self, text: str, spans: list[tuple[int, int]]) -> ChatTokens:
         ids, offsets = self.tokens.with_offsets(text)
-        starts = [s for s, _ in spans]
-        trained = []
-        for first_char, _ in offsets:
-            turn = bisect.bisect_right(starts, first_char) - 1
-            trained.append(turn >= 0 and first_char < spans[turn][1])
-        return ChatTokens(ids=ids, trained=trained)
+        return ChatTokens(ids=ids, trained=overlapping(offsets, spans), text=text, offsets=offsets)
+
+
+def overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
+    """Per token: do its characters ``[start, end)`` overlap one of the sorted, disjoint ``spans``?"""
+    if not offsets:
+        return np.zeros(0, dtype=bool)
+    token = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    if not spans:
+        return np.zeros(len(token), dtype=bool)
+    span = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+    # The first span ending after the token starts is the only one it can overlap.
+    k = np.searchsorted(span[:, 1], token[:, 0], side="right")
+    inside = k < len(span)
+    trained = np.zeros(len(token), dtype=bool)
+    trained[inside] = token[inside, 1] > span[k[inside], 0]
+    return trained

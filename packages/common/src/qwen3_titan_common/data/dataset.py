@@ -5,9 +5,9 @@ order without shuffling). Sharding: dp rank ``r`` of ``n`` takes every ``n``-th 
 permutation starting at ``r`` (its share), so ranks never share a record and together cover the
 epoch; dataloader workers of one rank split its share the same way.
 
-Position: the number of records of the share already read, saved with the packed tokens not yet
-emitted, so a resumed run continues with the very next sample. An epoch ends with ``epoch += 1``
-and a new order.
+Position: the number of records of the share already read, saved with what is not yet emitted (packed
+tokens, or the rest of a chat record's rows), so a resumed run continues with the very next sample. An
+epoch ends with ``epoch += 1`` and a new order.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset, get_worker_info
 from torchtitan.tools.logging import logger
 
-from qwen3_titan_common.data.chat import ChatTokenizer
+from qwen3_titan_common.data.chat import ChatTokenizer, EarlierReasoning
+from qwen3_titan_common.data.conversation import conversation_of
 from qwen3_titan_common.data.packing import TokenPacker, chat_row, positions_restarting_after_eos
 from qwen3_titan_common.data.records import (
     BadRecordError,
     InvalidRecord,
     RecordFormat,
     SkippedRecords,
-    messages_of,
     text_of,
 )
 from qwen3_titan_common.data.sources import DatasetError, RawRecord, RecordSource
@@ -46,6 +46,8 @@ class StreamSettings:
     seq_len: int
     text_field: str = "text"
     messages_field: str = "messages"
+    tools_field: str = "tools"
+    earlier_reasoning: EarlierReasoning = "template"
     shuffle: bool = True
     seed: int = 0
     infinite: bool = True
@@ -73,10 +75,14 @@ class RecordStreamDataset(IterableDataset, Stateful):
         self.settings = settings
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
-        self.chat = ChatTokenizer(tokens) if settings.record_format == "chat" else None
+        self.chat = (
+            ChatTokenizer(tokens, settings.earlier_reasoning) if settings.record_format == "chat" else None
+        )
         self.epoch = 0
         self.next_record = 0  # records of this rank's (or worker's) share of the epoch already read
         self.packer = TokenPacker(settings.seq_len)
+        # Rows of the last chat record not yet emitted (several with earlier_reasoning="split").
+        self.chat_rows: list[tuple[np.ndarray, np.ndarray]] = []
         self.skipped = SkippedRecords()
 
     # -- order and sharding ------------------------------------------------------------------
@@ -147,16 +153,19 @@ class RecordStreamDataset(IterableDataset, Stateful):
                         yield from self._full_rows()
             else:
                 for record in records:
-                    row = self._chat_row(record)
+                    self.chat_rows = self._chat_rows(record)
                     self.next_record += 1
-                    if row is not None:
-                        produced = True
-                        yield self._sample(*row)
+                    produced = produced or bool(self.chat_rows)
+                    yield from self._full_rows()
         return produced
 
     def _full_rows(self):
         while (row := self.packer.next_row()) is not None:
             yield self._sample(*row)
+        while self.chat_rows:
+            # Taken off before it is yielded, like the packer's rows: a checkpoint written while this
+            # sample is in a batch holds only the rows still to come.
+            yield self._sample(*self.chat_rows.pop(0))
 
     def _tokenize_texts(self, records: list[RawRecord]) -> list[list[int] | InvalidRecord]:
         """Token ids of each record, or why it is bad; all texts of the chunk encoded in one call."""
@@ -169,14 +178,19 @@ class RecordStreamDataset(IterableDataset, Stateful):
         encoded = iter(self.tokens.documents([t for t in texts if isinstance(t, str)]))
         return [next(encoded) if isinstance(t, str) else t for t in texts]
 
-    def _chat_row(self, record: RawRecord) -> tuple[np.ndarray, np.ndarray] | None:
+    def _chat_rows(self, record: RawRecord) -> list[tuple[np.ndarray, np.ndarray]]:
         assert self.chat is not None
         try:
-            messages = messages_of(self._readable(record), self.settings.messages_field)
-            return chat_row(self.chat.tokenize(messages), self.settings.seq_len, self.tokens.eos_id)
+            conversation = conversation_of(
+                self._readable(record), self.settings.messages_field, self.settings.tools_field
+            )
+            return [
+                chat_row(tokens, self.settings.seq_len, self.tokens.eos_id)
+                for tokens in self.chat.tokenize(conversation)
+            ]
         except InvalidRecord as e:
             self._bad(record, e)
-            return None
+            return []
 
     @staticmethod
     def _readable(record: RawRecord) -> Any:
@@ -206,6 +220,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
             "epoch": self.epoch,
             "next_record": self.next_record,
             "packer": self.packer.state_dict(),
+            "chat_rows": [[inputs.tolist(), labels.tolist()] for inputs, labels in self.chat_rows],
             "skipped": self.skipped.state_dict(),
             # Checked on load: a position only means something in the same data and order.
             "records": len(self.source),
@@ -225,4 +240,9 @@ class RecordStreamDataset(IterableDataset, Stateful):
         self.epoch = int(state_dict["epoch"])
         self.next_record = int(state_dict["next_record"])
         self.packer.load_state_dict(state_dict["packer"])
+        # Absent from checkpoints written before a record could give several rows: none were pending.
+        self.chat_rows = [
+            (np.asarray(inputs, dtype=np.int64), np.asarray(labels, dtype=np.int64))
+            for inputs, labels in state_dict.get("chat_rows", [])
+        ]
         self.skipped = SkippedRecords.from_state(state_dict["skipped"])

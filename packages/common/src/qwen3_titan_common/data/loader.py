@@ -14,12 +14,14 @@ from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.data.chat import EarlierReasoning
 from qwen3_titan_common.data.dataset import READ_AHEAD, RecordStreamDataset, StreamSettings
 from qwen3_titan_common.data.holdout import Part, check_share, default_share, held_out_count, select_part
-from qwen3_titan_common.data.records import detect_format
+from qwen3_titan_common.data.records import RecordFormat, detect_format
 from qwen3_titan_common.data.sources import (
     DEFAULT_DATASET,
     DatasetError,
+    RecordSource,
     ResolvedDataset,
     open_source,
     resolve_dataset,
@@ -44,6 +46,15 @@ class TextChatDataLoader(ParallelAwareDataloader):
 
         messages_field: str = "messages"
         """Field of a chat record holding its list of {role, content} messages."""
+
+        tools_field: str = "tools"
+        """Field of a chat record holding the tool definitions (JSON schemas) its template writes; optional."""
+
+        earlier_reasoning: EarlierReasoning = "template"
+        """An assistant turn whose reasoning the chat template leaves out of the full conversation (Qwen3's does
+        for turns before the last user message): 'template' trains it as rendered, without its reasoning;
+        'context' does not train it; 'split' trains it in a row of its own, the chat cut after it, with its
+        reasoning."""
 
         split: str = "train"
         """Split read from a save_to_disk DatasetDict, a Hub dataset, or a directory whose file names name splits."""
@@ -113,6 +124,42 @@ class TextChatDataLoader(ParallelAwareDataloader):
         )
 
 
+@dataclass(frozen=True)
+class OpenedDataset:
+    resolved: ResolvedDataset
+    source: RecordSource  # the part asked for
+    record_format: RecordFormat  # "auto" decided by the first records
+    held_out: int = 0  # records of the whole dataset in its held-out share (0 when the part is "all")
+
+
+def open_dataset(
+    config: TextChatDataLoader.Config, part: Part = "all", announce: bool = True
+) -> OpenedDataset:
+    """The records ``config`` names, opened (columnar files: only the columns read) and their format;
+    ``part``: the records training reads (all but the held-out share), the held-out share, or all records.
+    ``announce``: log the dataset's note."""
+    resolved = resolve_dataset(config.dataset, split=config.split, allow_network=config.allow_network)
+    if resolved.note and announce:
+        logger.info(f"data: {resolved.spec}: {resolved.note}")
+    wanted = {"text": [config.text_field], "chat": [config.messages_field]}.get(
+        config.format, [config.messages_field, config.text_field]
+    )
+    optional = [] if config.format == "text" else [config.tools_field]
+    whole = open_source(resolved, wanted, config.split, optional)
+    if not len(whole):
+        raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
+    share = config.held_out if config.held_out is not None else default_share(config.dataset)
+    source = select_part(whole, share, part)
+    record_format = config.format
+    if record_format == "auto":
+        first = source.read(list(range(min(READ_AHEAD, len(source)))))
+        record_format = detect_format(
+            first, text_field=config.text_field, messages_field=config.messages_field, dataset=config.dataset
+        )
+    held_out = held_out_count(len(whole), share) if part != "all" else 0
+    return OpenedDataset(resolved, source, record_format, held_out)
+
+
 def build_record_stream(
     config: TextChatDataLoader.Config,
     *,
@@ -125,28 +172,15 @@ def build_record_stream(
 ) -> RecordStreamDataset:
     """The record stream of one rank; ``part``: the records training reads (all but the held-out share),
     the held-out share, or all records. ``announce``: log the summary lines."""
-    resolved = resolve_dataset(config.dataset, split=config.split, allow_network=config.allow_network)
-    if resolved.note and announce:
-        logger.info(f"data: {resolved.spec}: {resolved.note}")
-    wanted = {"text": [config.text_field], "chat": [config.messages_field]}.get(
-        config.format, [config.messages_field, config.text_field]
-    )
-    whole = open_source(resolved, wanted, config.split)
-    if not len(whole):
-        raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
-    share = config.held_out if config.held_out is not None else default_share(config.dataset)
-    source = select_part(whole, share, part)
-    record_format = config.format
-    if record_format == "auto":
-        first = source.read(list(range(min(READ_AHEAD, len(source)))))
-        record_format = detect_format(
-            first, text_field=config.text_field, messages_field=config.messages_field, dataset=config.dataset
-        )
+    opened = open_dataset(config, part, announce)
+    resolved, source, record_format = opened.resolved, opened.source, opened.record_format
     settings = StreamSettings(
         record_format=record_format,
         seq_len=seq_len,
         text_field=config.text_field,
         messages_field=config.messages_field,
+        tools_field=config.tools_field,
+        earlier_reasoning=config.earlier_reasoning,
         shuffle=config.shuffle,
         seed=config.seed,
         infinite=config.infinite,
@@ -157,10 +191,16 @@ def build_record_stream(
         source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size
     )
     if announce:
-        held_out = held_out_count(len(whole), share) if part != "all" else 0
         logger.info(
-            _summary(resolved, len(source), settings, dp_rank, dp_world_size, config.format, part, held_out)
+            _summary(
+                resolved, len(source), settings, dp_rank, dp_world_size, config.format, part, opened.held_out
+            )
         )
+        if dataset.chat is not None:
+            logger.info(
+                f"data: loss on {dataset.chat.method}; earlier reasoning: {settings.earlier_reasoning} "
+                "(preview-data shows what is trained)"
+            )
     return dataset
 
 

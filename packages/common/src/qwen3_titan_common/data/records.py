@@ -1,6 +1,7 @@
 """What a record must look like, and what happens to one that does not.
 
-Two shapes: plain text (``{"text": "..."}``) and chat (``{"messages": [{"role": ..., "content": ...}]}``).
+Two shapes: plain text (``{"text": "..."}``) and chat (``{"messages": [{"role": ..., "content": ...}]}``,
+checked in ``conversation``).
 A record that cannot be trained on becomes one line naming where it is and what was expected,
 e.g. ``data/train.jsonl:17: field 'text' missing (expected a string)``.
 """
@@ -26,7 +27,7 @@ class BadRecordError(UserInputError):
     """Raised with ``on_bad_record="stop"``: one line, the record's location first."""
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -42,11 +43,11 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _field(record: Any, name: str, expected: str, owner: str | None = None) -> Any:
+def field_of(record: Any, name: str, expected: str, owner: str | None = None) -> Any:
     """``record[name]``; ``owner`` names a nested object in the message, e.g. ``messages[1]``."""
     if not isinstance(record, dict):
         raise InvalidRecord(
-            f"{owner or 'record'} is {_kind(record)} (expected an object with field '{name}')"
+            f"{owner or 'record'} is {kind_of(record)} (expected an object with field '{name}')"
         )
     if name not in record:
         prefix = f"{owner}: " if owner else ""
@@ -55,31 +56,12 @@ def _field(record: Any, name: str, expected: str, owner: str | None = None) -> A
 
 
 def text_of(record: Any, text_field: str) -> str:
-    text = _field(record, text_field, "a string")
+    text = field_of(record, text_field, "a string")
     if not isinstance(text, str):
-        raise InvalidRecord(f"field '{text_field}' is {_kind(text)} (expected a string)")
+        raise InvalidRecord(f"field '{text_field}' is {kind_of(text)} (expected a string)")
     if not text.strip():
         raise InvalidRecord(f"field '{text_field}' is empty (expected some text)")
     return text
-
-
-def messages_of(record: Any, messages_field: str) -> list[dict[str, Any]]:
-    expected = "a list of {role, content} objects"
-    messages = _field(record, messages_field, expected)
-    if not isinstance(messages, list | tuple):
-        raise InvalidRecord(f"field '{messages_field}' is {_kind(messages)} (expected {expected})")
-    if not messages:
-        raise InvalidRecord(f"field '{messages_field}' is empty (expected {expected})")
-    for i, message in enumerate(messages):
-        where = f"{messages_field}[{i}]"
-        for key in ("role", "content"):
-            value = _field(message, key, "a string", owner=where)
-            if not isinstance(value, str):
-                raise InvalidRecord(f"{where}: field '{key}' is {_kind(value)} (expected a string)")
-    roles = [m["role"] for m in messages]
-    if "assistant" not in roles:
-        raise InvalidRecord(f"chat has no assistant turn (roles: {', '.join(roles)}); nothing to train on")
-    return list(messages)
 
 
 def detect_format(

@@ -313,14 +313,17 @@ def _take(table: Any, indices: list[int], columns: list[str]) -> list[list[Any]]
     return [batch[c] for c in columns]
 
 
-def _check_columns(name: str, present: Sequence[str], wanted: Sequence[str]) -> list[str]:
+def _check_columns(
+    name: str, present: Sequence[str], wanted: Sequence[str], optional: Sequence[str] = ()
+) -> list[str]:
+    """The wanted columns present (at least one must be), plus the optional ones present."""
     usable = [c for c in wanted if c in present]
     if not usable:
         raise DatasetError(
             f"{name}: no column {' or '.join(repr(c) for c in wanted)} (columns: {', '.join(present)}); "
             "set --dataloader.text_field / --dataloader.messages_field"
         )
-    return usable
+    return usable + [c for c in optional if c in present and c not in usable]
 
 
 def parquet_columns(path: Path) -> list[str]:
@@ -329,10 +332,10 @@ def parquet_columns(path: Path) -> list[str]:
     return list(pq.read_schema(path).names)
 
 
-def open_parquet(path: Path, name: str, wanted: Sequence[str]) -> ArrowColumns:
+def open_parquet(path: Path, name: str, wanted: Sequence[str], optional: Sequence[str] = ()) -> ArrowColumns:
     import pyarrow.parquet as pq
 
-    columns = _check_columns(name, parquet_columns(path), wanted)
+    columns = _check_columns(name, parquet_columns(path), wanted, optional)
     return ArrowColumns(name, pq.read_table(path, columns=columns), columns, name)
 
 
@@ -363,8 +366,10 @@ def load_hub(spec: str, split: str) -> Any:
         ) from e
 
 
-def open_arrow_dataset(dataset: Any, name: str, wanted: Sequence[str]) -> ArrowColumns:
-    columns = _check_columns(name, list(dataset.column_names), wanted)
+def open_arrow_dataset(
+    dataset: Any, name: str, wanted: Sequence[str], optional: Sequence[str] = ()
+) -> ArrowColumns:
+    columns = _check_columns(name, list(dataset.column_names), wanted, optional)
     return ArrowColumns(name, dataset.select_columns(columns), columns, name)
 
 
@@ -392,21 +397,31 @@ class ConcatSource:
         return out  # type: ignore[return-value]
 
 
-def open_source(resolved: ResolvedDataset, wanted_columns: Sequence[str], split: str) -> ConcatSource:
-    """Opens what :func:`resolve_dataset` found. ``wanted_columns`` limits what columnar formats load."""
+def open_source(
+    resolved: ResolvedDataset, wanted_columns: Sequence[str], split: str, optional_columns: Sequence[str] = ()
+) -> ConcatSource:
+    """Opens what :func:`resolve_dataset` found. Columnar formats load only ``wanted_columns`` (one of them
+    must exist) and those of ``optional_columns`` that exist."""
     name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
     if resolved.kind == "saved":
         assert resolved.saved_dir is not None
         return ConcatSource(
-            name, [open_arrow_dataset(load_saved(resolved.saved_dir, split), name, wanted_columns)]
+            name,
+            [
+                open_arrow_dataset(
+                    load_saved(resolved.saved_dir, split), name, wanted_columns, optional_columns
+                )
+            ],
         )
     if resolved.kind == "hub":
-        return ConcatSource(name, [open_arrow_dataset(load_hub(resolved.spec, split), name, wanted_columns)])
+        return ConcatSource(
+            name, [open_arrow_dataset(load_hub(resolved.spec, split), name, wanted_columns, optional_columns)]
+        )
     parts = []
     for path in resolved.files:
         shown = _shown(path, resolved)
         if path.suffix.lower() in PARQUET_SUFFIXES:
-            parts.append(open_parquet(path, shown, wanted_columns))
+            parts.append(open_parquet(path, shown, wanted_columns, optional_columns))
         else:
             parts.append(JsonlFile(path, shown))
     return ConcatSource(name, parts)

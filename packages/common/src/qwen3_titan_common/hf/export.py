@@ -1,10 +1,11 @@
 """Writes a complete Hugging Face model directory, shard by shard, atomically.
 
-Tensors arrive one at a time (a trainer gathers each from its shards); at most one
-shard is held before it is written, so host memory stays at the model plus one
-shard. Everything goes to a hidden temporary directory beside the target, which is
-renamed into place only when complete: a killed export never leaves a directory
-that looks loadable.
+The files are planned first, from the shapes the export will receive (see
+``shard_plan.py``); tensors then arrive one at a time (a trainer gathers each from its
+shards) and each file is written as soon as its last tensor has arrived, so host
+memory stays at the model plus one file. Everything goes to a hidden temporary
+directory beside the target, which is renamed into place only when complete: a
+killed export never leaves a directory that looks loadable.
 """
 
 from __future__ import annotations
@@ -12,16 +13,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import StateDictSplit
+from huggingface_hub.constants import CONFIG_NAME, SAFETENSORS_INDEX_FILE
+from safetensors.torch import save_file
 
+from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.hf.errors import CheckpointError
-from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, INDEX_FILE, SINGLE_FILE, TOKENIZER_FILES
-from qwen3_titan_common.hf.safetensors_writer import write_safetensors
+from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
+from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, TOKENIZER_FILES
+from qwen3_titan_common.hf.shard_plan import index_json, plan_shards
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
@@ -40,7 +46,11 @@ _SIZE_UNITS = {
 
 
 def parse_size(text: str, flag: str = "--hf.max_shard_size") -> int:
-    """'5GB', '500MB', '2GiB' or a byte count."""
+    """'5GB', '500MB', '2GiB' or a byte count.
+
+    Ours rather than huggingface_hub's ``parse_size_to_int``, which knows only the decimal
+    units (KB to TB): ``--hf.max_shard_size`` also takes binary units and plain byte counts.
+    """
     value = text.strip().upper()
     number = value.rstrip("KMGIB")
     unit = value[len(number) :]
@@ -61,6 +71,9 @@ class ExportSpec:
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     assets_dir: Path | None = None  # tokenizer / generation_config to copy
     tie_word_embeddings: bool | None = None
+    # The tensors the export will receive (HF key -> shape), in the order they come; the files
+    # are planned from it. None: the architecture's in ``config``, without a tied lm_head.
+    shapes: Mapping[str, tuple[int, ...]] | None = None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -77,48 +90,57 @@ def check_free_space(target_parent: Path, needed_bytes: int, what: str) -> None:
 
 
 class _ShardWriter:
-    def __init__(self, tmp_dir: Path, dtype: torch.dtype, max_bytes: int):
-        self.tmp_dir, self.dtype, self.max_bytes = tmp_dir, dtype, max_bytes
-        self.pending: dict[str, torch.Tensor] = {}
-        self.pending_bytes = 0
-        self.files: list[tuple[Path, list[str]]] = []
-        self.total_bytes = 0
+    """Holds each planned file's tensors until its last one arrives, then writes the file.
+
+    Tensors that arrive in the planned order keep at most one file in memory; a file is
+    written by ``safetensors.torch.save_file``, which (since safetensors 0.8) writes from
+    each tensor's storage without first serialising the file into one buffer.
+    """
+
+    def __init__(self, tmp_dir: Path, plan: StateDictSplit, shapes: Mapping[str, tuple[int, ...]], dtype):
+        self.tmp_dir, self.plan, self.shapes, self.dtype = tmp_dir, plan, shapes, dtype
+        self.waiting = {name: set(keys) for name, keys in plan.filename_to_tensors.items()}
+        self.held: dict[str, dict[str, torch.Tensor]] = {}
+        self.found: dict[str, tuple[int, ...]] = {}
+        self.twice: list[str] = []
+        self.failed = False
 
     def add(self, key: str, tensor: torch.Tensor) -> None:
-        tensor = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
-        size = tensor.numel() * tensor.element_size()
-        if self.pending and self.pending_bytes + size > self.max_bytes:
-            self.flush()
-        if key in self.pending or any(key in keys for _, keys in self.files):
-            raise CheckpointError(f"export: tensor '{key}' produced twice")
-        self.pending[key] = tensor
-        self.pending_bytes += size
-        self.total_bytes += size
-
-    def flush(self) -> None:
-        if not self.pending:
+        if key in self.found:
+            self.twice.append(key)
+        self.found[key] = tuple(tensor.shape)
+        self.failed = self.failed or key in self.twice or self.shapes.get(key) != self.found[key]
+        if self.failed:
+            # The export will be refused: keep draining (other ranks gather with us), hold nothing.
+            self.held.clear()
             return
-        path = self.tmp_dir / f"shard-{len(self.files):05d}.partial"
-        write_safetensors(path, self.pending, metadata={"format": "pt"})
-        self.files.append((path, list(self.pending)))
-        self.pending, self.pending_bytes = {}, 0
+        name = self.plan.tensor_to_filename[key]
+        self.held.setdefault(name, {})[key] = tensor.detach().to(device="cpu", dtype=self.dtype).contiguous()
+        self.waiting[name].discard(key)
+        if not self.waiting[name]:
+            save_file(self.held.pop(name), str(self.tmp_dir / name), metadata={"format": "pt"})
 
-    def finish(self) -> None:
-        """Give shards their final names; write the index when there is more than one."""
-        self.flush()
-        if not self.files:
+    def finish(self, where: str) -> None:
+        """Refuse the export unless every planned tensor arrived once, with its planned shape."""
+        if not self.found:
             raise CheckpointError("export: the model produced no tensors")
-        if len(self.files) == 1:
-            self.files[0][0].rename(self.tmp_dir / SINGLE_FILE)
-            return
-        count = len(self.files)
-        weight_map = {}
-        for i, (path, keys) in enumerate(self.files):
-            name = f"model-{i + 1:05d}-of-{count:05d}.safetensors"
-            path.rename(self.tmp_dir / name)
-            weight_map.update(dict.fromkeys(keys, name))
-        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-        (self.tmp_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        if self.twice:
+            raise CheckpointError(f"{where}: tensor '{self.twice[0]}' produced twice")
+        check_keys(where, self.shapes, self.found, tied=False)
+        if self.plan.is_sharded:
+            (self.tmp_dir / SAFETENSORS_INDEX_FILE).write_text(index_json(self.plan, self.shapes))
+
+
+def planned_shapes(spec: ExportSpec) -> dict[str, tuple[int, ...]]:
+    """The tensors an export expects, in the order the files are planned."""
+    if spec.shapes is not None:
+        return {key: tuple(shape) for key, shape in spec.shapes.items()}
+    arch = architecture_from_config(spec.config, "export config")
+    tied = arch.tie_word_embeddings if spec.tie_word_embeddings is None else spec.tie_word_embeddings
+    shapes = expected_hf_shapes(arch)
+    if tied:
+        del shapes[LM_HEAD]
+    return shapes
 
 
 def _export_config(spec: ExportSpec) -> dict[str, Any]:
@@ -153,31 +175,34 @@ def _replace_dir(tmp_dir: Path, out_dir: Path) -> None:
 def export_hf_dir(
     spec: ExportSpec, tensors: Iterable[tuple[str, torch.Tensor]], expected_bytes: int | None = None
 ) -> Path:
-    """Write ``tensors`` (HF key, tensor) and the metadata files to ``spec.out_dir``."""
+    """Write ``tensors`` (HF key, tensor) and the metadata files to ``spec.out_dir``.
+
+    Every planned tensor must arrive once with its planned shape; otherwise the whole
+    iterable is still consumed (on several ranks each tensor is a collective) and the
+    export is refused, leaving nothing behind. ``expected_bytes``, when given, replaces
+    the plan's total size in the free-space check.
+    """
     out_dir = spec.out_dir.resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    if expected_bytes is not None:
-        check_free_space(out_dir.parent, expected_bytes, "export")
+    shapes = planned_shapes(spec)
+    plan = plan_shards(shapes, spec.dtype, spec.max_shard_bytes)
+    check_free_space(
+        out_dir.parent, plan.metadata["total_size"] if expected_bytes is None else expected_bytes, "export"
+    )
     # Leftovers of exports to the same place that were killed: never complete, never read.
     for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp_dir = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}")
     tmp_dir.mkdir()
     try:
-        writer = _ShardWriter(tmp_dir, spec.dtype, spec.max_shard_bytes)
+        writer = _ShardWriter(tmp_dir, plan, shapes, spec.dtype)
         for key, tensor in tensors:
             writer.add(key, tensor)
-        writer.finish()
-        (tmp_dir / "config.json").write_text(
-            json.dumps(_export_config(spec), indent=2, sort_keys=True) + "\n"
-        )
+        writer.finish(f"export {out_dir}")
+        (tmp_dir / CONFIG_NAME).write_text(json.dumps(_export_config(spec), indent=2, sort_keys=True) + "\n")
         _copy_assets(spec.assets_dir, tmp_dir)
         _replace_dir(tmp_dir, out_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     return out_dir
-
-
-def iter_state_dict(state_dict: Mapping[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    yield from state_dict.items()

@@ -7,12 +7,13 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from huggingface_hub.constants import PYTORCH_WEIGHTS_NAME, SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE
+
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.safetensors_header import TensorEntry, read_header
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+# huggingface_hub names the weight files; these it does not.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -24,7 +25,7 @@ TOKENIZER_FILES = (
 )
 GENERATION_CONFIG = "generation_config.json"
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
+_PICKLE_WEIGHTS = (PYTORCH_WEIGHTS_NAME, "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def resolve_local_dir(path: str | Path, flag: str = "--hf.model_dir") -> Path:
 
 
 def _weight_map(path: Path) -> dict[str, Path]:
-    index_path = path / INDEX_FILE
+    index_path = path / SAFETENSORS_INDEX_FILE
     if index_path.is_file():
         try:
             weight_map = json.loads(index_path.read_text())["weight_map"]
@@ -79,6 +80,10 @@ def _weight_map(path: Path) -> dict[str, Path]:
             raise CheckpointError(
                 f"{index_path}: not a safetensors index ({err!r}; expected a 'weight_map')"
             ) from None
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise CheckpointError(
+                f"{index_path}: not a safetensors index (expected 'weight_map' to map tensor names to file names)"
+            )
         files = {}
         for key, name in weight_map.items():
             shard = path / name
@@ -86,7 +91,7 @@ def _weight_map(path: Path) -> dict[str, Path]:
                 raise CheckpointError(f"{index_path}: names shard '{name}' for '{key}', which is missing")
             files[key] = shard
         return files
-    single = path / SINGLE_FILE
+    single = path / SAFETENSORS_SINGLE_FILE
     if single.is_file():
         return {}
     pickled = [name for name in _PICKLE_WEIGHTS if (path / name).exists()]
@@ -97,20 +102,20 @@ def _weight_map(path: Path) -> dict[str, Path]:
             "in a trusted environment, and pass NEW_DIR"
         )
     raise CheckpointError(
-        f"{path}: no {SINGLE_FILE} or {INDEX_FILE} (a Hugging Face model directory needs one)"
+        f"{path}: no {SAFETENSORS_SINGLE_FILE} or {SAFETENSORS_INDEX_FILE} (a Hugging Face model directory needs one)"
     )
 
 
 def _read_tensors(path: Path) -> dict[str, TensorEntry]:
     weight_map = _weight_map(path)
     if not weight_map:
-        return read_header(path / SINGLE_FILE)
+        return read_header(path / SAFETENSORS_SINGLE_FILE)
     tensors: dict[str, TensorEntry] = {}
     headers = {shard: read_header(shard) for shard in sorted(set(weight_map.values()))}
     for key, shard in weight_map.items():
         if key not in headers[shard]:
             raise CheckpointError(
-                f"{path / INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
+                f"{path / SAFETENSORS_INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
             )
         tensors[key] = headers[shard][key]
     for entries in headers.values():

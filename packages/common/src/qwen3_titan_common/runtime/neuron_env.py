@@ -5,7 +5,7 @@ default logical-core configuration LNC=2, two physical cores act as one logical
 core: 64 logical NeuronCores, hence 64 ranks (``--nproc_per_node=64``).
 
 ``NEURON_LOGICAL_NC_CONFIG``  logical core size (2 on trn2); NKI kernels launched
-                              with ``kernel[lnc]`` must use the same value.
+                              with ``kernel[(lnc,)]`` must use the same value.
 ``NEURON_RT_NUM_CORES``       not set: each rank gets its own logical core from
                               torchrun's LOCAL_RANK through the plugin.
 ``NEURON_COMPILE_CACHE_URL``  compiled graphs (NEFFs) are cached here so the

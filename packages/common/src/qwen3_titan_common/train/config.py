@@ -18,7 +18,7 @@ from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.data import TextChatDataLoader
+from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
 from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.train.trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
@@ -128,6 +128,8 @@ def build_trainer_config(
         metrics=Qwen3Metrics.Config(log_freq=shape.log_freq),
         # Plain cross-entropy: the same loss for every backend, so losses compare.
         loss=CrossEntropyLoss.Config(global_vocab_size=vocab_size),
+        # torchtitan's tokenizer, its chat template rendered by transformers ({% generation %} included).
+        tokenizer=ChatTemplateTokenizer.Config(),
         dataloader=TextChatDataLoader.Config(),
         optimizer=default_adamw(lr=shape.lr),
         lr_scheduler=LRSchedulersContainer.Config(

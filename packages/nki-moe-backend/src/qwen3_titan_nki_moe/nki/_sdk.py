@@ -1,26 +1,31 @@
-"""The Neuron SDK imports every kernel module needs, in one place (Trainium hosts only)."""
+"""The torch-neuronx side of the kernels, in one place (Trainium hosts only).
+
+``launch(kernel)`` is the kernel's wrapped callable for this process's logical core size,
+built once (``qwen3_titan_nki_moe.kernel_launch``): ``wrap_nki(kernel)[(lnc,)]``.
+"""
 
 from __future__ import annotations
 
+from qwen3_titan_nki_moe.nki import missing_neuron_package
+
 try:
-    import nki
-    import nki.isa as nisa
-    import nki.language as nl
     from torch_neuronx import nki_op, wrap_nki
-except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages
-    raise ImportError(
-        "qwen3_titan_nki_moe.nki needs torch-neuronx and nki from the Neuron package repository "
-        f"(PyPI only has placeholders); the kernel registry imports it only on a Neuron host: {err}"
-    ) from err
+except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages; the registry imports
+    # this module only on a Neuron host.
+    raise missing_neuron_package("qwen3_titan_nki_moe.nki needs torch-neuronx and nki", err) from err
 
 from qwen3_titan_common.runtime.neuron_env import logical_core_size
 
-# Partition count of SBUF/PSUM tiles: every kernel tiles rows (or the contraction) by it.
-P = 128
-# Largest moving free size of one nc_matmul (and one PSUM bank of fp32).
-MOVING_MAX = 512
+from qwen3_titan_nki_moe.kernel_launch import KernelLaunchers
 
-__all__ = ["MOVING_MAX", "P", "logical_core_size", "nisa", "nki", "nki_op", "nl", "on_neuron", "wrap_nki"]
+__all__ = ["launch", "logical_core_size", "nki_op", "on_neuron"]
+
+_LAUNCHERS = KernelLaunchers(wrap_nki)
+
+
+def launch(kernel):
+    """The wrapped, launchable ``kernel`` on a ``(LNC,)`` grid (LNC = ``NEURON_LOGICAL_NC_CONFIG``)."""
+    return _LAUNCHERS(kernel, logical_core_size())
 
 
 def on_neuron(*tensors) -> bool:

@@ -1,0 +1,216 @@
+"""``preview-data DATASET``: which tokens of the first records carry loss, before paying for a run.
+
+    preview-data data/chat.jsonl --tokenizer assets/hf/Qwen3-4B-Instruct-2507
+    preview-data data/chat.jsonl --tokenizer DIR -n 1 --json          # token ids and a 0/1 mask
+
+Reads the first N records in file order exactly as ``train`` reads them (the same dataloader flags,
+the same chat template and masking): in the terminal each record is rendered with the trained text
+highlighted; ``--json`` prints one JSON object per record, ``{"record", "format", "rows": [{"ids",
+"mask"}]}`` (``mask[t]`` is 1 when token ``t`` is predicted with loss) or ``{"record", "error"}``.
+Exits 1 when a previewed record would stop training, 2 on a dataset or tokenizer that cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+TRAINED_COLOR = "\x1b[1;30;42m"  # bold, black on green
+CONTEXT_COLOR = "\x1b[2m"  # dim
+RESET = "\x1b[0m"
+TRAINED_OPEN, TRAINED_CLOSE = "\u27e6", "\u27e7"  # without colour: trained text between these
+
+
+@dataclass(frozen=True)
+class PreviewRow:
+    ids: list[int]
+    mask: list[int]  # 1: the token is predicted with loss
+    text: str
+    offsets: list[tuple[int, int]]
+    dropped: int = 0  # tokens cut by --seq-len
+
+
+@dataclass(frozen=True)
+class PreviewRecord:
+    location: str
+    record_format: str
+    rows: list[PreviewRow]
+    error: str | None = None
+
+
+def preview(args: argparse.Namespace) -> list[PreviewRecord]:
+    from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
+    from qwen3_titan_common.data.chat import ChatTokenizer
+    from qwen3_titan_common.data.loader import open_dataset
+    from qwen3_titan_common.data.tokens import DocumentTokenizer
+
+    config = TextChatDataLoader.Config(
+        dataset=args.dataset,
+        format=args.format,
+        text_field=args.text_field,
+        messages_field=args.messages_field,
+        tools_field=args.tools_field,
+        split=args.split,
+        earlier_reasoning=args.earlier_reasoning,
+        allow_network=args.allow_network,
+    )
+    opened = open_dataset(config)
+    tokens = DocumentTokenizer(ChatTemplateTokenizer.Config().build(tokenizer_path=str(args.tokenizer)))
+    chat = ChatTokenizer(tokens, args.earlier_reasoning) if opened.record_format == "chat" else None
+    records = opened.source.read(list(range(min(args.records, len(opened.source)))))
+    return [_preview_record(record, opened.record_format, tokens, chat, args) for record in records]
+
+
+def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
+    from qwen3_titan_common.data.conversation import conversation_of
+    from qwen3_titan_common.data.packing import chat_row
+    from qwen3_titan_common.data.records import InvalidRecord, text_of
+
+    try:
+        if record.error is not None:
+            raise InvalidRecord(record.error)
+        if chat is None:
+            text = text_of(record.value, args.text_field)
+            ids, offsets = tokens.with_offsets(text)
+            # Packed text: every token is a label (the first one of the previous document's EOS).
+            return PreviewRecord(record.location, "text", [_row(ids, [1] * len(ids), text, offsets, args)])
+        rows = []
+        for chat_tokens in chat.tokenize(
+            conversation_of(record.value, args.messages_field, args.tools_field)
+        ):
+            if args.seq_len:
+                chat_row(chat_tokens, args.seq_len, tokens.eos_id)  # the checks training makes, same error
+            mask = [int(t) for t in chat_tokens.trained]
+            rows.append(_row(chat_tokens.ids, mask, chat_tokens.text, chat_tokens.offsets, args))
+        return PreviewRecord(record.location, record_format, rows)
+    except InvalidRecord as e:
+        return PreviewRecord(record.location, record_format, [], error=str(e))
+
+
+def _row(ids, mask, text, offsets, args) -> PreviewRow:
+    # A row holds seq_len inputs and their seq_len labels: seq_len + 1 tokens of the conversation.
+    keep = args.seq_len + 1 if args.seq_len else len(ids)
+    return PreviewRow(ids[:keep], mask[:keep], text, offsets[:keep], dropped=max(0, len(ids) - keep))
+
+
+def highlighted(row: PreviewRow, color: bool) -> str:
+    """The row's text, each run of trained tokens marked.
+
+    Byte-level tokens of one character share its offsets: each character is shown once, with the first
+    token that reaches past it.
+    """
+    out, at, run = [], 0, None
+    for (_, end), trained in zip(row.offsets, row.mask, strict=True):
+        if end <= at:
+            continue
+        if trained != run:
+            out.append(_close(run, color))
+            out.append(_open(trained, color))
+            run = trained
+        out.append(row.text[at:end])
+        at = end
+    out.append(_close(run, color))
+    if row.dropped:
+        out.append(f"\n... {row.dropped} more token(s) cut by --seq-len {len(row.ids) - 1}")
+    return "".join(out)
+
+
+def _open(trained: int | None, color: bool) -> str:
+    if color:
+        return TRAINED_COLOR if trained else CONTEXT_COLOR
+    return TRAINED_OPEN if trained else ""
+
+
+def _close(run: int | None, color: bool) -> str:
+    if run is None:
+        return ""
+    if color:
+        return RESET
+    return TRAINED_CLOSE if run else ""
+
+
+def _report(record: PreviewRecord, color: bool) -> str:
+    if record.error is not None:
+        return f"{record.location}: {record.error}"
+    lines = []
+    for k, row in enumerate(record.rows):
+        which = f", row {k + 1} of {len(record.rows)}" if len(record.rows) > 1 else ""
+        lines.append(
+            f"== {record.location} ({record.record_format}{which}): {len(row.ids)} tokens, "
+            f"{sum(row.mask)} trained"
+        )
+        lines.append(highlighted(row, color))
+    return "\n".join(lines)
+
+
+def _as_json(record: PreviewRecord) -> dict[str, Any]:
+    if record.error is not None:
+        return {"record": record.location, "error": record.error}
+    rows = [{"ids": row.ids, "mask": row.mask} for row in record.rows]
+    return {"record": record.location, "format": record.record_format, "rows": rows}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from qwen3_titan_common.assets import default_tokenizer_dir
+
+    p = argparse.ArgumentParser(
+        prog="preview-data",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    p.add_argument("dataset", help="what --dataloader.dataset takes: a file, a directory, 'default'")
+    p.add_argument(
+        "--tokenizer",
+        default=str(default_tokenizer_dir()),
+        help="tokenizer directory, e.g. the model directory given to train --hf-model (default: the embedded one)",
+    )
+    p.add_argument(
+        "-n", "--records", type=int, default=3, help="how many records, from the first (default 3)"
+    )
+    p.add_argument("--json", action="store_true", help="one JSON object per record: token ids and a 0/1 mask")
+    p.add_argument("--seq-len", type=int, help="cut each row as training with this --training.seq_len would")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    # The dataloader's own flags, with its defaults (--dataloader.X in train).
+    p.add_argument("--format", choices=("auto", "text", "chat"), default="auto")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--messages-field", default="messages")
+    p.add_argument("--tools-field", default="tools")
+    p.add_argument("--split", default="train")
+    p.add_argument("--earlier-reasoning", choices=("template", "context", "split"), default="template")
+    p.add_argument("--allow-network", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from qwen3_titan_common.errors import UserInputError
+
+    args = _parser().parse_args(argv)
+    if args.records < 1 or (args.seq_len is not None and args.seq_len < 1):
+        print("preview-data: -n and --seq-len take a positive number", file=sys.stderr)
+        return 2
+    try:
+        records = preview(args)
+    except (UserInputError, OSError) as err:
+        print(f"preview-data: {err}", file=sys.stderr)
+        return 2
+    color = args.color == "always" or (
+        args.color == "auto" and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
+    )
+    for record in records:
+        print(json.dumps(_as_json(record)) if args.json else _report(record, color))
+    return 1 if any(r.error is not None for r in records) else 0
+
+
+def console_main() -> None:
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `preview-data ... | head`: the reader left; Python's documented way to exit quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
