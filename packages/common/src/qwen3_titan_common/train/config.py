@@ -61,7 +61,8 @@ def debug_shape(backend: str, name: str) -> RunShape:
         dump_folder=f"./outputs/{backend}-{name}",
         activation_checkpointing=False,
         # 4 validations (steps 1, 10, 20, 30) of 3 batches (6,144 of the held-out part's 17,457 tokens):
-        # about 6% of the run's wall time, 4 batches would be about 8% (tools/bench_eval.py, docs/performance.md).
+        # 12 forward passes of about a third of a training step each, the compute of 4 of the 30 steps; the
+        # target is <= 10% of the run's wall time, start-up included (tools/bench_eval.py, docs/performance.md).
         validation_interval=10,
         validation_batches=3,
     )
