@@ -30,6 +30,7 @@ from torchtitan.tools.logging import logger
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.export import ExportSpec, check_free_space, export_hf_dir
+from qwen3_titan_common.perf.progress import Phase
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,11 @@ def _local_numel(param: torch.Tensor) -> int:
 class Qwen3CheckpointManager(CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
+        initial_load_model_only: bool = False
+        """Load only the model from --checkpoint.initial_load_path (set for you by --hf.model_dir). torchtitan's
+        default, True, is warned about by its own check whenever no initial_load_path is given: every run
+        that starts from random weights or resumes its own checkpoints."""
+
         hf_export: Annotated[HFExportPlan | None, tyro.conf.Suppress] = None
         """Set by the trainer from --hf.*: where and how Hugging Face exports are written."""
 
@@ -70,6 +76,12 @@ class Qwen3CheckpointManager(CheckpointManager):
         self.export_adapter = sd_adapter
         # fp32 weights plus AdamW's two fp32 moments, as DCP stores them for this rank.
         self.checkpoint_bytes = 3 * 4 * sum(_local_numel(p) for m in model_parts for p in m.parameters())
+
+    def load(self, step: int = -1) -> bool:
+        # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
+        # a line every 5 s says it is still going.
+        with Phase("loading the checkpoint before step 1"):
+            return super().load(step)
 
     def save(self, curr_step: int, last_step: bool = False) -> bool:
         if self.enable and not self.load_only and (last_step or curr_step % self.interval == 0):
@@ -90,8 +102,9 @@ class Qwen3CheckpointManager(CheckpointManager):
             value = value.detach().to("cpu", self.hf_export.dtype)
             yield from self.export_adapter.to_hf({name: value}).items()
 
-    def export_hf(self, step: int) -> Path | None:
-        """Write the model as a Hugging Face directory; every rank calls it, rank 0 writes."""
+    def export_hf(self, step: int, card: str | None = None) -> Path | None:
+        """Write the model as a Hugging Face directory (``card``: its README.md); every rank calls it, rank 0
+        writes."""
         plan = self.hf_export
         if plan is None:
             return None
@@ -120,6 +133,7 @@ class Qwen3CheckpointManager(CheckpointManager):
                 max_shard_bytes=plan.max_shard_bytes,
                 assets_dir=plan.assets_dir,
                 tie_word_embeddings=tied,
+                model_card=card,
             )
             result = export_hf_dir(spec, recorded(self._hf_tensors(True)), expected_bytes=expected_bytes)
             # The adapter must not drop a trained tensor (upstream's HF backend loses lm_head).
