@@ -53,6 +53,18 @@ KNOBS: tuple[Knob, ...] = (
 )
 
 
+def _as_typed(kind: Callable[[str], object]) -> Callable[[str], str]:
+    """Checks the text is a ``kind`` (argparse says "invalid float value" otherwise) and keeps it as typed,
+    so the torchtitan flag gets the user's spelling (``1e-4``, not ``0.0001``)."""
+
+    def check(text: str) -> str:
+        kind(text)
+        return text
+
+    check.__name__ = kind.__name__
+    return check
+
+
 def add_knob_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "short flags",
@@ -62,7 +74,7 @@ def add_knob_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(
             knob.flag,
             dest=knob.dest,
-            type=knob.type,
+            type=_as_typed(knob.type),
             default=None,
             metavar=knob.metavar,
             help=f"{knob.help} (= {knob.field})",
@@ -86,7 +98,7 @@ def knob_flags(opts: argparse.Namespace, passthrough: list[str]) -> list[tuple[K
             raise UserInputError(
                 f"{knob.flag} and {knob.field} both given: they set the same field, pass one"
             )
-        used.append((knob, str(value)))
+        used.append((knob, value))
     return used
 
 
