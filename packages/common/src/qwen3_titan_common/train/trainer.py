@@ -63,7 +63,8 @@ class HFCheckpointConfig:
     """Tensor dtype on disk; auto = the loaded checkpoint's, float32 without one."""
 
     max_shard_size: str = "5GB"
-    """Largest safetensors shard, e.g. 5GB, 500MB."""
+    """Largest safetensors shard, e.g. 5GB, 500MB. Not transformers 5's 50GB: an export holds one shard in host
+    memory (docs/checkpoints.md); 50GB gives save_pretrained's layout."""
 
     download_hint: Annotated[str | None, tyro.conf.Suppress] = None
     """Command that fetches model_dir, quoted when the directory is missing."""
