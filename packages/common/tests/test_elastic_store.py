@@ -10,6 +10,7 @@ forms. Should a torch release stop reusing the store, the first test fails: the 
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,9 +60,8 @@ def _restart_once(tmp_path: Path, env_updates: dict[str, str]) -> tuple[int, lis
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    reports = [
-        json.loads(line.split("REPORT ", 1)[1]) for line in proc.stdout.splitlines() if "REPORT " in line
-    ]
+    # the two ranks share torchrun's stdout, so one line may hold both ranks' reports
+    reports = [json.loads(match) for match in re.findall(r"REPORT (\{[^{}]*\})", proc.stdout)]
     first = {r["port"] for r in reports if r["attempt"] == 0}
     second = [r for r in reports if r["attempt"] == 1]
     assert len(first) == 1 and sorted(r["rank"] for r in second) == [0, 1], proc.stdout[-3000:]
