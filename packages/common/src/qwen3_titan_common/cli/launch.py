@@ -10,7 +10,9 @@ prints a Slurm batch script that runs the command on every node (``sbatch``).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+import time
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
@@ -21,8 +23,10 @@ from qwen3_titan_common.cli.plan import (
     check_model_dir,
     plan_launch,
 )
+from qwen3_titan_common.cli.run_summary import print_summary, summary_file, user_command
 from qwen3_titan_common.cli.supervise import run_and_summarise, torchrun_executable
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.train.summary import COMMAND_ENV
 
 
 def _list_configs(module: str) -> int:
@@ -38,6 +42,10 @@ def _list_configs(module: str) -> int:
 
 def run(backend: Backend, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        from qwen3_titan_common.cli.help import print_help
+
+        return print_help(backend, argv)
     try:
         opts, plan = plan_launch(backend, argv)
         if opts.list_configs:
@@ -60,12 +68,21 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
         print(f"train: {err}", file=sys.stderr)
         return 2
     if opts.print_cmd:
+        for line in plan.knob_mapping:
+            print(line, file=sys.stderr)
         print(plan.shell_line())
         return 0
     command = plan.command()
     command[0] = torchrun_executable()
     print(f"[train] {plan.shell_line()}", file=sys.stderr, flush=True)
-    return run_and_summarise(command, {**os.environ, **plan.env_updates})
+    started = time.monotonic()
+    with summary_file() as summary_env:
+        # The command as typed, for the exports' model cards (train.run_card).
+        typed = {COMMAND_ENV: shlex.join(user_command(argv))}
+        returncode = run_and_summarise(command, {**os.environ, **plan.env_updates, **summary_env, **typed})
+        if returncode == 0:
+            print_summary(summary_env, argv, started)
+    return returncode
 
 
 def main_for(backend: Backend):
@@ -84,4 +101,5 @@ def main() -> None:
     if backend is None:
         print(f"train: {why}", file=sys.stderr)
         sys.exit(2)
+    print(f"[train] backend: {backend.distribution} ({why})", file=sys.stderr)
     sys.exit(run(backend, argv))

@@ -29,6 +29,7 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.export import ExportSpec, check_free_space, export_hf_dir
+from qwen3_titan_common.perf.progress import Phase
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,11 @@ def _local_numel(param: torch.Tensor) -> int:
 class Qwen3CheckpointManager(CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
+        initial_load_model_only: bool = False
+        """Load only the model from --checkpoint.initial_load_path (set for you by --hf.model_dir). torchtitan's
+        default, True, is warned about by its own check whenever no initial_load_path is given: every run
+        that starts from random weights or resumes its own checkpoints."""
+
         hf_export: Annotated[HFExportPlan | None, tyro.conf.Suppress] = None
         """Set by the trainer from --hf.*: where and how Hugging Face exports are written."""
 
@@ -69,6 +75,12 @@ class Qwen3CheckpointManager(CheckpointManager):
         self.export_adapter = sd_adapter
         # fp32 weights plus AdamW's two fp32 moments, as DCP stores them for this rank.
         self.checkpoint_bytes = 3 * 4 * sum(_local_numel(p) for m in model_parts for p in m.parameters())
+
+    def load(self, step: int = -1) -> bool:
+        # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
+        # a line every 5 s says it is still going.
+        with Phase("loading the checkpoint before step 1"):
+            return super().load(step)
 
     def save(self, curr_step: int, last_step: bool = False) -> bool:
         if self.enable and not self.load_only and (last_step or curr_step % self.interval == 0):
@@ -89,8 +101,9 @@ class Qwen3CheckpointManager(CheckpointManager):
             value = value.detach().to("cpu", self.hf_export.dtype)
             yield from self.export_adapter.to_hf({name: value}).items()
 
-    def export_hf(self, step: int) -> Path | None:
-        """Write the model as a Hugging Face directory; every rank calls it, rank 0 writes."""
+    def export_hf(self, step: int, card: str | None = None) -> Path | None:
+        """Write the model as a Hugging Face directory (``card``: its README.md); every rank calls it, rank 0
+        writes."""
         plan = self.hf_export
         if plan is None:
             return None
@@ -114,6 +127,7 @@ class Qwen3CheckpointManager(CheckpointManager):
                 max_shard_bytes=plan.max_shard_bytes,
                 assets_dir=plan.assets_dir,
                 tie_word_embeddings=tied,
+                model_card=card,
             )
             # The files are planned from the architecture (config.json): an adapter that drops a trained
             # tensor (upstream's HF backend loses lm_head) or adds one is refused, leaving nothing behind.
