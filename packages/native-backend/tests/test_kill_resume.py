@@ -3,13 +3,13 @@ validation at the same steps (1, every 10, the last) with the same losses."""
 
 import os
 import random
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines, parse_validation_lines
+from qwen3_titan_testing.processes import descendants, kill
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
@@ -29,31 +29,6 @@ def _run(dump: Path, cwd: Path) -> str:
     return proc.stdout + proc.stderr
 
 
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, queue = [], [pid]
-    while queue:
-        for child in children.get(queue.pop(), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
-def _kill_tree(pid: int) -> None:
-    # torchrun starts each rank in its own session: killing the launcher's group is not enough.
-    for victim in [pid, *_descendants(pid)]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def _run_until_step(dump: Path, cwd: Path, kill_after: int) -> str:
     """Start the command and SIGKILL its whole process tree once step `kill_after` is logged."""
     proc = subprocess.Popen(
@@ -65,7 +40,8 @@ def _run_until_step(dump: Path, cwd: Path, kill_after: int) -> str:
         seen.append(line)
         steps = parse_step_lines(line)
         if steps and steps[0].step == kill_after:
-            _kill_tree(proc.pid)
+            # torchrun starts each rank in its own session: killing the launcher's group is not enough.
+            kill([proc.pid, *descendants(proc.pid)])
             break
     proc.wait()
     return "".join(seen)
