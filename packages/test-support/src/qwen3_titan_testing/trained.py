@@ -19,8 +19,11 @@ from qwen3_titan_common.train.lora import with_lora
 from torchtitan.config import ConfigManager, apply_overrides
 
 
-def load_trained_model(args: list[str], step_dir: Path) -> torch.nn.Module:
-    """``args``: ``--module M --config C`` and the run's flags; ``step_dir``: ``<dump>/checkpoint/step-N``."""
+def load_trained_model(args: list[str], step_dir: Path, *, with_config: bool = False):
+    """The model (and, ``with_config``, the run's resolved ``Trainer.Config`` with it).
+
+    ``args``: ``--module M --config C`` and the run's flags; ``step_dir``: ``<dump>/checkpoint/step-N``.
+    """
     config = ConfigManager().parse_args(list(args))
     arch = config.architecture
     if config.hf.model_dir:
@@ -40,4 +43,4 @@ def load_trained_model(args: list[str], step_dir: Path) -> torch.nn.Module:
     state = model.state_dict()
     dcp.load(state, checkpoint_id=str(step_dir))
     model.load_state_dict(state)
-    return model.eval()
+    return (model.eval(), config) if with_config else model.eval()

@@ -36,14 +36,17 @@ import math
 import re
 from dataclasses import dataclass, field, fields
 
+import spmd_types as spmd
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torchtitan.models.common import Linear
 from torchtitan.models.common.attention import FusedQKVLinear
+from torchtitan.models.common.decoder_sharding import dense_param_placement
 from torchtitan.models.common.moe import MoE
 from torchtitan.protocols.model import ModelConfigConverter
 from torchtitan.protocols.module import Module
+from torchtitan.protocols.sharding import ShardingConfig
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.errors import UserInputError
@@ -88,12 +91,33 @@ def _kaiming_uniform(weight: torch.Tensor) -> None:
     nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
 
 
-def _adapter_pair(in_features: int, out_features: int, rank: int) -> tuple[Linear, Linear]:
+def _adapter_sharding(base: ShardingConfig | None) -> ShardingConfig | None:
+    """The adapters' placement where the base weight has one: replicated except along data parallelism.
+
+    FSDP2 over torchtitan's SPMD mesh needs every parameter placed, the adapters included. Replicated
+    is right because LoRA runs refuse tensor parallelism (``train.lora``): a tensor-parallel base
+    would need ``lora_b`` (colwise) or ``lora_a`` (rowwise) sharded as it is.
+    """
+    if base is None or "weight" not in base.state_shardings:
+        return None
+    return ShardingConfig(state_shardings={"weight": dense_param_placement(tp=spmd.R)})
+
+
+def _adapter_pair(
+    in_features: int, out_features: int, rank: int, base_sharding: ShardingConfig | None
+) -> tuple[Linear, Linear]:
+    sharding = _adapter_sharding(base_sharding)
     lora_a = Linear.Config(
-        in_features=in_features, out_features=rank, param_init={"weight": _kaiming_uniform}
+        in_features=in_features,
+        out_features=rank,
+        param_init={"weight": _kaiming_uniform},
+        sharding_config=sharding,
     ).build()
     lora_b = Linear.Config(
-        in_features=rank, out_features=out_features, param_init={"weight": nn.init.zeros_}
+        in_features=rank,
+        out_features=out_features,
+        param_init={"weight": nn.init.zeros_},
+        sharding_config=sharding,
     ).build()
     return lora_a, lora_b
 
@@ -106,10 +130,14 @@ class LoRAAdapter(Module):
         in_features: int
         out_features: int
         lora: LoRAParams
+        base_sharding: ShardingConfig | None = None
+        """The sharding of the weight this adapter updates."""
 
     def __init__(self, config: Config):
         super().__init__()
-        self.lora_a, self.lora_b = _adapter_pair(config.in_features, config.out_features, config.lora.rank)
+        self.lora_a, self.lora_b = _adapter_pair(
+            config.in_features, config.out_features, config.lora.rank, config.base_sharding
+        )
         self.scaling = config.lora.scaling
         self.dropout = config.lora.dropout
 
@@ -127,7 +155,9 @@ class LoRALinear(Linear):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self.lora_a, self.lora_b = _adapter_pair(config.in_features, config.out_features, config.lora.rank)
+        self.lora_a, self.lora_b = _adapter_pair(
+            config.in_features, config.out_features, config.lora.rank, config.sharding_config
+        )
         self.scaling = config.lora.scaling
         self.dropout = config.lora.dropout
 
@@ -152,7 +182,12 @@ class LoRAFusedQKVLinear(FusedQKVLinear):
         out["wv"] = out["wk"]
         self.adapted = tuple(config.targets)
         for name in self.adapted:
-            adapter = LoRAAdapter.Config(in_features=dim, out_features=out[name], lora=config.lora)
+            adapter = LoRAAdapter.Config(
+                in_features=dim,
+                out_features=out[name],
+                lora=config.lora,
+                base_sharding=config.wqkv.sharding_config,
+            )
             self.add_module(name, adapter.build())
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -127,6 +127,14 @@ def with_lora(config, start: StartPoint | None = None):
     if adapter is not None:
         check_adapter_shapes(adapter, expected_adapter_shapes(arch, targets, options.rank))
     resuming = start is not None and start.kind == "resume"
+    base_model = absolute(config.hf.model_dir) if config.hf.model_dir else None
+    if adapter is not None and resuming:
+        logger.info(f"[lora] --lora.adapter {adapter.path} is not loaded (the step checkpoint is newer)")
+    elif adapter is not None and adapter.base_model and adapter.base_model != base_model:
+        logger.info(
+            f"[lora] {adapter.path} was trained on {adapter.base_model}; this run's base is "
+            f"{base_model or 'its own initialisation'}"
+        )
     params = LoRAParams(rank=options.rank, alpha=options.alpha, dropout=options.dropout)
     converter = LoRAConverter.Config(
         rank=params.rank, alpha=params.alpha, dropout=params.dropout, targets=list(targets)
@@ -141,7 +149,7 @@ def with_lora(config, start: StartPoint | None = None):
         params=params,
         target_modules=targets,
         merge=options.merge,
-        base_model=absolute(config.hf.model_dir) if config.hf.model_dir else None,
+        base_model=base_model,
         initial_adapter=None if resuming else adapter,
     )
     checkpoint = config.checkpoint
