@@ -12,7 +12,8 @@ Hugging Face export) plus a :class:`LoRAExportPlan`, put in place by ``train.lor
 - ``load()`` runs torchtitan's load (a step checkpoint, or the base weights before step 1), then
   loads ``--lora.adapter`` when the run does not resume;
 - step checkpoints are torchtitan's: the whole model and the optimizer state, which holds the
-  adapters' moments only, so a resumed LoRA run continues exactly as a full fine-tuning run does.
+  adapters' moments only, plus the random-number generators' state (:class:`RNGState`): adapter
+  dropout draws from them, so a resumed run draws the masks the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
+from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.tools.logging import logger
 
@@ -55,6 +57,27 @@ class LoRAExportPlan:
         return base_dir / f"adapter-step-{step}"
 
 
+class RNGState(Stateful):
+    """torch's CPU (and CUDA) generator states, saved in step checkpoints.
+
+    torchtitan seeds once at start and saves no generator state: a model without random ops resumes
+    exactly anyway. LoRA dropout is random; restoring the generators after a resume makes step N+1 draw
+    the masks the uninterrupted run drew. Every data-parallel rank is seeded alike and draws alike, so
+    the one copy DCP keeps (from rank 0) is every rank's.
+    """
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state_dict["cpu"])
+        if "cuda" in state_dict:
+            torch.cuda.set_rng_state(state_dict["cuda"])
+
+
 def _is_writer() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -65,8 +88,9 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
         lora: Annotated[LoRAExportPlan | None, tyro.conf.Suppress] = None
         """Set by ``train.lora.with_lora`` from --lora.*."""
 
-    def __init__(self, config: Config, *, model_parts: list[nn.Module], sd_adapter, **kwargs) -> None:
-        super().__init__(config, model_parts=model_parts, sd_adapter=sd_adapter, **kwargs)
+    def __init__(self, config: Config, *, model_parts: list[nn.Module], sd_adapter, states, **kwargs) -> None:
+        states = {**states, "rng": RNGState()}
+        super().__init__(config, model_parts=model_parts, sd_adapter=sd_adapter, states=states, **kwargs)
         self.lora = config.lora
         self.merging: dict[str, dict[str, torch.Tensor]] | None = None
         self.base_exported = False
