@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.tools.logging import logger
@@ -62,9 +63,14 @@ class RNGState(Stateful):
 
     torchtitan seeds once at start and saves no generator state: a model without random ops resumes
     exactly anyway. LoRA dropout is random; restoring the generators after a resume makes step N+1 draw
-    the masks the uninterrupted run drew. Every data-parallel rank is seeded alike and draws alike, so
-    the one copy DCP keeps (from rank 0) is every rank's.
+    the masks the uninterrupted run drew. The restore waits for the model's next forward: between the
+    load and that forward torchtitan creates the data iterator, which draws its seed from the global
+    generator (the uninterrupted run drew it before step 1). Every data-parallel rank is seeded alike
+    and draws alike, so the one copy DCP keeps (from rank 0) is every rank's.
     """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         state = {"cpu": torch.get_rng_state()}
@@ -73,9 +79,16 @@ class RNGState(Stateful):
         return state
 
     def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        torch.set_rng_state(state_dict["cpu"])
-        if "cuda" in state_dict:
-            torch.cuda.set_rng_state(state_dict["cuda"])
+        saved = {key: value.clone() for key, value in state_dict.items()}
+        handle = None
+
+        def restore(module, args) -> None:
+            handle.remove()
+            torch.set_rng_state(saved["cpu"])
+            if "cuda" in saved:
+                torch.cuda.set_rng_state(saved["cuda"])
+
+        handle = self.model.register_forward_pre_hook(restore)
 
 
 def _is_writer() -> bool:
@@ -89,7 +102,7 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
         """Set by ``train.lora.with_lora`` from --lora.*."""
 
     def __init__(self, config: Config, *, model_parts: list[nn.Module], sd_adapter, states, **kwargs) -> None:
-        states = {**states, "rng": RNGState()}
+        states = {**states, "rng": RNGState(model_parts[0])}
         super().__init__(config, model_parts=model_parts, sd_adapter=sd_adapter, states=states, **kwargs)
         self.lora = config.lora
         self.merging: dict[str, dict[str, torch.Tensor]] | None = None
@@ -184,7 +197,16 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
     # -- continuing from an adapter --------------------------------------------------------------
 
     def load(self, step: int = -1) -> bool:
-        loaded = super().load(step)
+        try:
+            loaded = super().load(step)
+        except (RuntimeError, CheckpointException) as err:
+            # DCP's message when this run's adapters are not in the step checkpoint it resumes.
+            if "Missing key in checkpoint state_dict" in str(err) and "lora_" in str(err):
+                raise CheckpointError(
+                    f"{self.folder}: its step checkpoints hold no LoRA adapters (a full fine-tuning run "
+                    "wrote them): resume that run without --lora.*, or pass another --dump_folder"
+                ) from None
+            raise
         if self.lora is not None and self.lora.initial_adapter is not None:
             self._load_adapter(self.lora.initial_adapter)
         return loaded
