@@ -174,3 +174,20 @@ def test_lora_on_the_embedded_default_lowers_the_loss_and_exports_its_base(tmp_p
     )
     with torch.no_grad():
         assert (trained(_tokens()) - model.eval()(_tokens()).logits).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_resuming_a_full_fine_tuning_run_with_lora_is_refused_in_one_line(tmp_path):
+    dump = str(tmp_path / "out")
+    _train(
+        ["--training.steps", "2", "--training.seq_len", "64", "--hf.no-export", "--dump_folder", dump],
+        tmp_path,
+    )
+    proc = subprocess.run(
+        [TRAIN, "--training.steps", "3", "--training.seq_len", "64", "--lora.rank", "4", "--dump_folder", dump],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train: ") and "hold no LoRA adapters" in last and "--dump_folder" in last, last
+    assert not (tmp_path / "out" / "checkpoint" / "step-3").exists()
