@@ -34,6 +34,7 @@ from tools.bench_dense_common import ROOT, TRAIN, cpu_env
 BACKEND = "native-backend"
 LORA = ["--lora.rank", "16", "--lora.alpha", "32"]
 _START = re.compile(r"\[params\] trainable ([0-9,]+) of ([0-9,]+) .*optimizer state per rank ([0-9,]+) bytes")
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*step:\s*\d+\s.*loss:")
 _DRY_MEMORY = re.compile(
     r"params ([0-9.]+) GiB, grads ([0-9.]+) GiB, optimizer ([0-9.]+) GiB, activations ~([0-9.]+) GiB.*total ~([0-9.]+) GiB"
 )
@@ -83,6 +84,17 @@ def _checkpoint_optimizer_bytes(step_dir: Path) -> int:
             itemsize = entry.properties.dtype.itemsize
             total += math.prod(entry.size) * itemsize
     return total
+
+
+def _last_step_seconds(log: str) -> float:
+    """Seconds between the last two step lines (the step lines' tokens/s is rounded to an integer, too
+    coarse for a 64-token step)."""
+    from datetime import datetime
+
+    stamps = [datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f") for m in _STAMP.finditer(log)]
+    if len(stamps) < 2:
+        raise RuntimeError("fewer than two step lines")
+    return (stamps[-1] - stamps[-2]).total_seconds()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -149,7 +161,7 @@ def _two_steps(config: list[str], extra: list[str]) -> dict:
     figures = _start_line(log)
     figures.update(
         peak_rss_gib=max(s.memory_gib or 0 for s in lines),
-        seconds_per_step=64 / lines[-1].tokens_per_second,
+        seconds_per_step=_last_step_seconds(log),
         wall_s=seconds,
         losses=[s.loss for s in lines],
     )
