@@ -3,7 +3,8 @@
 ``train [launcher flags] [torchtitan flags]`` runs the upstream recipe's torchrun command (``plan``);
 every flag the launcher does not own is passed to torchtitan unchanged. ``--print-cmd`` prints that
 command instead of running it, ``--list-configs`` lists the backend's config functions, ``--dry-run``
-checks a layout of any size on this machine with torchtitan's fake process group.
+checks a layout of any size on this machine with torchtitan's fake process group, ``--print-sbatch``
+prints a Slurm batch script that runs the command on every node (``sbatch``).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             from qwen3_titan_common.cli.dry_run import dry_run
 
             return dry_run(plan)
+        if opts.print_sbatch:
+            from qwen3_titan_common.cli.sbatch import print_sbatch
+
+            return print_sbatch(backend, opts, plan, argv)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
