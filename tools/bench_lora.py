@@ -34,7 +34,9 @@ from tools.bench_dense_common import ROOT, TRAIN, cpu_env
 BACKEND = "native-backend"
 LORA = ["--lora.rank", "16", "--lora.alpha", "32"]
 _START = re.compile(r"\[params\] trainable ([0-9,]+) of ([0-9,]+) .*optimizer state per rank ([0-9,]+) bytes")
-_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*step:\s*\d+\s.*loss:")
+_STAMP = re.compile(
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*step:\s*\d+(?:/\d+)?\s.*loss:"
+)  # "step: 2/2  loss: ..."
 _DRY_MEMORY = re.compile(
     r"params ([0-9.]+) GiB, grads ([0-9.]+) GiB, optimizer ([0-9.]+) GiB, activations ~([0-9.]+) GiB.*total ~([0-9.]+) GiB"
 )
