@@ -34,9 +34,7 @@ from tools.bench_dense_common import ROOT, TRAIN, cpu_env
 BACKEND = "native-backend"
 LORA = ["--lora.rank", "16", "--lora.alpha", "32"]
 _START = re.compile(r"\[params\] trainable ([0-9,]+) of ([0-9,]+) .*optimizer state per rank ([0-9,]+) bytes")
-_STAMP = re.compile(
-    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*step:\s*\d+(?:/\d+)?\s.*loss:"
-)  # "step: 2/2  loss: ..."
+_STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}")
 _DRY_MEMORY = re.compile(
     r"params ([0-9.]+) GiB, grads ([0-9.]+) GiB, optimizer ([0-9.]+) GiB, activations ~([0-9.]+) GiB.*total ~([0-9.]+) GiB"
 )
@@ -89,14 +87,20 @@ def _checkpoint_optimizer_bytes(step_dir: Path) -> int:
 
 
 def _last_step_seconds(log: str) -> float:
-    """Seconds between the last two step lines (the step lines' tokens/s is rounded to an integer, too
-    coarse for a 64-token step)."""
+    """Seconds between the log stamps of the last two step lines (the step lines' tokens/s is rounded to an
+    integer, too coarse for a 64-token step); 64 / tokens per second where the lines carry no stamp."""
     from datetime import datetime
 
-    stamps = [datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f") for m in _STAMP.finditer(log)]
-    if len(stamps) < 2:
-        raise RuntimeError("fewer than two step lines")
-    return (stamps[-1] - stamps[-2]).total_seconds()
+    from qwen3_titan_common.perf.train_log import parse_step_lines
+
+    stamps = [
+        datetime.strptime(found.group(0), "%Y-%m-%d %H:%M:%S,%f")
+        for line in log.splitlines()
+        if parse_step_lines(line) and (found := _STAMP.search(line))
+    ]
+    if len(stamps) >= 2:
+        return (stamps[-1] - stamps[-2]).total_seconds()
+    return 64 / parse_step_lines(log)[-1].tokens_per_second
 
 
 def _dir_bytes(path: Path) -> int:
@@ -167,6 +171,7 @@ def _two_steps(config: list[str], extra: list[str]) -> dict:
         wall_s=seconds,
         losses=[s.loss for s in lines],
     )
+    print(f"  [{' '.join(config + extra)}] {figures}", flush=True)  # each run as it ends: they take minutes
     return figures
 
 
