@@ -159,7 +159,7 @@ def _two_steps(config: list[str], extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             *config, "--training.steps", "2", "--training.seq_len", "64", "--training.local_batch_size", "1",
-            "--lr_scheduler.warmup_steps", "1", "--checkpoint.no-enable", "--hf.no-export",
+            "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "1", "--checkpoint.no-enable", "--hf.no-export",
             "--dump_folder", str(Path(tmp) / "out"), *extra,
         ]  # fmt: skip
         log, seconds = _run(args, ROOT)
