@@ -110,6 +110,13 @@ def test_model_dir_with_unsupported_rope_scaling(tmp_path):
     _fails(tmp_path, ["--hf-model", str(ckpt)], "rope_scaling")
 
 
+def test_lora_adapter_missing(tmp_path):
+    _fails(
+        tmp_path, ["--lora.adapter", str(tmp_path / "nowhere")], "--lora.adapter", "nowhere",
+        "no adapter_config.json there",
+    )  # fmt: skip
+
+
 # -- stopped inside the rank, before anything is written ----------------------------
 
 
@@ -168,3 +175,16 @@ def test_bad_shard_size(tmp_path):
 def test_checkpoint_interval_zero(tmp_path):
     # torchtitan's own check, reported through its CLI parser's message.
     _fails(tmp_path, ["--checkpoint.interval", "0"], "checkpoint", "interval")
+
+
+@pytest.mark.slow
+def test_lora_dropout_out_of_range(tmp_path):
+    _fails(tmp_path, ["--lora.rank", "4", "--lora.dropout", "1.5"], "--lora.dropout 1.5", "[0, 1)")
+
+
+@pytest.mark.slow
+def test_lora_with_tensor_parallelism(tmp_path):
+    _fails(
+        tmp_path, ["--lora.rank", "4", "--parallelism.tensor_parallel_degree", "2"],
+        "--parallelism.tensor_parallel_degree 2", "FSDP2",
+    )  # fmt: skip

@@ -16,23 +16,25 @@ ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native
 STEPS = 15
 
 
-def _command(dump: Path) -> list[str]:
+def _command(dump: Path, extra: list[str]) -> list[str]:
     return [
         TRAIN, "--training.steps", str(STEPS), "--checkpoint.interval", "5", "--hf.no-export",
-        "--debug.seed", "0", "--debug.deterministic", "--dump_folder", str(dump),
+        "--debug.seed", "0", "--debug.deterministic", "--dump_folder", str(dump), *extra,
     ]  # fmt: skip
 
 
-def _run(dump: Path, cwd: Path) -> str:
-    proc = subprocess.run(_command(dump), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=900)
+def _run(dump: Path, cwd: Path, extra: list[str]) -> str:
+    proc = subprocess.run(
+        _command(dump, extra), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
-def _run_until_step(dump: Path, cwd: Path, kill_after: int) -> str:
+def _run_until_step(dump: Path, cwd: Path, kill_after: int, extra: list[str]) -> str:
     """Start the command and SIGKILL its whole process tree once step `kill_after` is logged."""
     proc = subprocess.Popen(
-        _command(dump), cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        _command(dump, extra), cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )  # fmt: skip
     seen = []
@@ -48,8 +50,10 @@ def _run_until_step(dump: Path, cwd: Path, kill_after: int) -> str:
 
 
 @pytest.mark.slow
-def test_sigkill_then_rerun_reproduces_every_step(tmp_path):
-    reference_log = _run(tmp_path / "reference", tmp_path)
+@pytest.mark.parametrize("extra", [[], ["--lora.rank", "8", "--lora.dropout", "0.1"]], ids=["full", "lora"])
+def test_sigkill_then_rerun_reproduces_every_step(tmp_path, extra):
+    # A LoRA run resumes its adapters and their optimizer state (dropout too draws from the saved RNG).
+    reference_log = _run(tmp_path / "reference", tmp_path, extra)
     reference = {s.step: s.loss for s in parse_step_lines(reference_log)}
     assert sorted(reference) == list(range(1, STEPS + 1))
     validated = {v.step: v.loss for v in parse_validation_lines(reference_log)}
@@ -57,7 +61,7 @@ def test_sigkill_then_rerun_reproduces_every_step(tmp_path):
 
     kill_after = random.Random().randint(6, STEPS - 1)  # after the first checkpoint (step 5)
     dump = tmp_path / "killed"
-    first = parse_step_lines(_run_until_step(dump, tmp_path, kill_after))
+    first = parse_step_lines(_run_until_step(dump, tmp_path, kill_after, extra))
     assert first[-1].step == kill_after
     assert not (dump / "checkpoint" / f"step-{STEPS}").exists(), "the kill came after the run had finished"
     # A checkpoint cut short (no DCP .metadata) must never be picked up.
@@ -72,7 +76,7 @@ def test_sigkill_then_rerun_reproduces_every_step(tmp_path):
     # step 10's line may beat that checkpoint; from step 11 on it is always complete.
     assert resumed_from == (10 if kill_after > 10 else 5) or kill_after == 10, (kill_after, complete)
 
-    second_log = _run(dump, tmp_path)
+    second_log = _run(dump, tmp_path, extra)
     second = parse_step_lines(second_log)
     assert f"[start] resuming from step {resumed_from}" in second_log
     assert [s.step for s in second] == list(range(resumed_from + 1, STEPS + 1))

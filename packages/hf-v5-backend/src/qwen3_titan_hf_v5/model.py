@@ -24,11 +24,13 @@ import torch.nn as nn
 from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
 from qwen3_titan_common.models.init import INIT_STD, residual_init_std
+from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
 from qwen3_titan_common.perf.flops import FlopsConvention
 from torchtitan.protocols.model import BaseModel
 from torchtitan.tools import utils as titan_utils
 
 from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS
+from qwen3_titan_hf_v5.lora import init_adapter_parameter, inject_lora
 from qwen3_titan_hf_v5.parallelize import check_parallelism
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
@@ -48,6 +50,13 @@ class HFCausalLM(BaseModel):
 
         flops: FlopsConvention | None = None
         """The architecture FLOPs per token are counted from (read from hf_config when not given)."""
+
+        lora: LoRAConverter.Config | None = None
+        """peft LoRA adapters on the transformers model (set from --lora.* by common's LoRA converter)."""
+
+        def with_adapters(self, lora: LoRAConverter.Config) -> HFCausalLM.Config:
+            """This config with LoRA: peft's own layers (``lora.py``), not torchtitan's config conversion."""
+            return dataclasses.replace(self, lora=lora)
 
         @property
         def tie_word_embeddings(self) -> bool:
@@ -113,6 +122,8 @@ class HFCausalLM(BaseModel):
             attn_implementation=ATTENTION_IMPLEMENTATIONS[config.attention],
             dtype=torch.get_default_dtype(),
         )
+        if config.lora is not None:
+            inject_lora(causal_lm, config.lora)
         self.model = causal_lm.model
         self.lm_head = causal_lm.lm_head
         # transformers gives the embedding padding_idx=pad_token_id, which zeroes that row's
@@ -165,7 +176,9 @@ class HFCausalLM(BaseModel):
             self._init_rope_buffers(buffer_device)
 
     def _init_parameter(self, name: str, param: torch.Tensor) -> None:
-        name = without_checkpoint_wrapper(name)
+        name = base_weight_name(without_checkpoint_wrapper(name))
+        if init_adapter_parameter(name, param):
+            return
         if name.endswith("norm.weight"):
             nn.init.ones_(param)
         elif name.endswith(".bias"):

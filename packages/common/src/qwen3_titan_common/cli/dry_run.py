@@ -21,6 +21,7 @@ GIB = 1024**3
 @dataclass(frozen=True)
 class MemoryEstimate:
     params_per_rank: int
+    trainable_per_rank: int
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
@@ -58,12 +59,15 @@ def _activation_bytes(config, layout, model_config) -> int:
 
 def _estimate(model, config, layout, model_config) -> MemoryEstimate:
     numel = sum(_local_numel(p) for p in model.parameters())
+    # Gradients and optimizer state only for what trains (a LoRA run: the adapters).
+    trainable = sum(_local_numel(p) for p in model.parameters() if p.requires_grad)
     fp32 = 4
     return MemoryEstimate(
         params_per_rank=numel,
+        trainable_per_rank=trainable,
         param_bytes=numel * fp32,
-        grad_bytes=numel * fp32,
-        optimizer_bytes=2 * numel * fp32,  # AdamW: two fp32 moments
+        grad_bytes=trainable * fp32,
+        optimizer_bytes=2 * trainable * fp32,  # AdamW: two fp32 moments
         activation_bytes=_activation_bytes(config, layout, model_config),
     )
 
@@ -98,7 +102,9 @@ def dry_run(plan: LaunchPlan) -> int:
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    config = _parse_config(plan)
+    from qwen3_titan_common.train.lora import with_lora
+
+    config = with_lora(_parse_config(plan))
     try:
         layout = resolve_layout(config.parallelism, plan.world_size)
     except LayoutError as err:
@@ -131,8 +137,14 @@ def dry_run(plan: LaunchPlan) -> int:
         # As torchtitan's init_states does: sharding replaced the tied parameter.
         model.tok_embeddings.weight = model.lm_head.weight
     estimate = _estimate(model, config, layout, model_config)
+    trained = (
+        ""
+        if estimate.trainable_per_rank == estimate.params_per_rank
+        else (f" ({estimate.trainable_per_rank:,} of them trainable: LoRA adapters)")
+    )
     print(
-        f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {estimate.params_per_rank:,} on rank 0"
+        f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, "
+        f"{estimate.params_per_rank:,} on rank 0{trained}"
     )
     print(
         "[dry-run] memory per rank (fp32 params + grads + AdamW, bf16 activations, estimate): "

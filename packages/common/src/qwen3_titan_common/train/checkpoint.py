@@ -91,19 +91,23 @@ class Qwen3CheckpointManager(CheckpointManager):
 
     # -- Hugging Face export ---------------------------------------------------------------------
 
-    def _hf_tensors(self, is_writer: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        assert self.hf_export is not None
+    def _model_tensors(self, is_writer: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        """The model's state dict, one full tensor at a time, yielded on the writer only."""
         for name, value in self.export_model_parts[0].state_dict().items():
             if isinstance(value, DTensor):
                 value = value.full_tensor()  # a collective: every rank takes part
-            if not is_writer:
-                continue
-            value = value.detach().to("cpu", self.hf_export.dtype)
+            if is_writer:
+                yield name, value.detach()
+
+    def _hf_tensors(self, is_writer: bool) -> Iterator[tuple[str, torch.Tensor]]:
+        assert self.hf_export is not None
+        for name, value in self._model_tensors(is_writer):
+            value = value.to("cpu", self.hf_export.dtype)
             yield from self.export_adapter.to_hf({name: value}).items()
 
-    def export_hf(self, step: int, card: str | None = None) -> Path | None:
-        """Write the model as a Hugging Face directory (``card``: its README.md); every rank calls it, rank 0
-        writes."""
+    def export_hf(self, step: int, card: str | None = None, out_dir: Path | None = None) -> Path | None:
+        """Write the model as a Hugging Face directory (``out_dir``, default the plan's for ``step``; ``card``:
+        its README.md); every rank calls it, rank 0 writes."""
         plan = self.hf_export
         if plan is None:
             return None
@@ -121,7 +125,7 @@ class Qwen3CheckpointManager(CheckpointManager):
         result = None
         if is_writer:
             spec = ExportSpec(
-                out_dir=plan.dir_for(step),
+                out_dir=out_dir or plan.dir_for(step),
                 config=dict(arch.source),
                 dtype=plan.dtype,
                 max_shard_bytes=plan.max_shard_bytes,

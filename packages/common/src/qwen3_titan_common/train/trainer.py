@@ -10,6 +10,8 @@
                                 float32, bfloat16 or float16
     --hf.max_shard_size S       e.g. 5GB (default), 500MB
 
+and a ``lora`` section (``--lora.rank R`` ...: LoRA fine-tuning with peft adapters, ``train.lora``).
+
 Every backend's config functions return this Config (or a backend's subclass), so the flags are the
 same for all of them; a backend supplies ``model_spec_builder`` to rebuild its model from a
 checkpoint's architecture. The trainer itself only decides where the weights come from (``hf.start``)
@@ -37,7 +39,9 @@ from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_archite
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
+from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.train.checkpoint import HFExportPlan
+from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
 from qwen3_titan_common.train.run_card import run_card
 from qwen3_titan_common.train.summary import report, summary_of
@@ -74,6 +78,7 @@ class Qwen3Trainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
         hf: HFCheckpointConfig = field(default_factory=HFCheckpointConfig)
+        lora: LoRAOptions = field(default_factory=LoRAOptions)
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
@@ -93,6 +98,7 @@ class Qwen3Trainer(Trainer):
                 "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
             )
         super().__init__(config)
+        logger.info(describe_trainable(self.model_parts, self.optimizers))
 
     @classmethod
     def cuda_graph_blocker(cls, config: Config) -> str | None:
@@ -211,4 +217,4 @@ def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.C
         assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
     )
     changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan)
-    return start, dataclasses.replace(config, **changes)
+    return start, with_lora(dataclasses.replace(config, **changes), start)

@@ -1,0 +1,159 @@
+"""The ``--lora.*`` section: LoRA fine-tuning on every backend, and what it changes in a run's config.
+
+    --lora.rank R          adapter rank; 0 (the default) trains every weight (full fine-tuning)
+    --lora.alpha A         scaling = alpha / rank (peft's lora_alpha; default 16)
+    --lora.dropout P       dropout on each adapter's input (peft's lora_dropout; default 0)
+    --lora.targets a,b     Hugging Face projection names (default: q_proj,k_proj,v_proj,o_proj,
+                           gate_proj,up_proj,down_proj); in a Qwen3-MoE the MLPs are routed experts,
+                           which are not adapted: only the attention projections are
+    --lora.merge           also write base + adapters as a full Hugging Face directory (hf/step-N)
+    --lora.adapter DIR     start the adapters from a peft adapter directory (its rank, alpha and
+                           target modules apply); ignored when the run resumes from a step checkpoint
+
+:func:`with_lora` turns a run's config into a LoRA run's before torchtitan builds anything: the model
+spec's config goes through the LoRA converter (``models.lora``: adapters, base frozen; a backend's
+model may add its own, as hf-v5's does with peft), its state-dict adapter reads and writes base
+checkpoints with the adapters left out, and the checkpoint manager becomes
+:class:`~qwen3_titan_common.train.lora_checkpoint.LoRACheckpointManager`, which writes the adapters
+in peft's format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.hf.adapter import check_adapter_shapes, expected_adapter_shapes, open_adapter_dir
+from qwen3_titan_common.hf.start import StartPoint, absolute
+from qwen3_titan_common.models.lora import (
+    ATTENTION_TARGETS,
+    HF_TARGETS,
+    MLP_TARGETS,
+    LoRAConverter,
+    LoRAParams,
+    lora_state_dict_adapter,
+)
+from qwen3_titan_common.train.lora_checkpoint import LoRACheckpointManager, LoRAExportPlan
+
+
+@dataclass(kw_only=True, slots=True)
+class LoRAOptions:
+    rank: int = 0
+    """Adapter rank; 0 trains every weight (full fine-tuning)."""
+
+    alpha: float = 16.0
+    """Adapters are scaled by alpha / rank (peft's lora_alpha)."""
+
+    dropout: float = 0.0
+    """Dropout on each adapter's input (peft's lora_dropout)."""
+
+    targets: list[str] = field(default_factory=lambda: list(HF_TARGETS))
+    """Hugging Face projection names to adapt (a Qwen3-MoE's routed experts never are)."""
+
+    merge: bool = False
+    """Also export base + adapters as a full Hugging Face directory."""
+
+    adapter: str | None = None
+    """peft adapter directory to start from (its rank, alpha and targets apply)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank != 0 or self.adapter is not None
+
+
+def check_lora_options(options: LoRAOptions, parallelism) -> None:
+    """One line per flag that cannot make a LoRA run, before anything is built."""
+    if options.rank < 0:
+        raise UserInputError(f"--lora.rank {options.rank}: expected a positive rank (or 0: full fine-tuning)")
+    if options.alpha <= 0:
+        raise UserInputError(f"--lora.alpha {options.alpha}: expected a positive number")
+    if not 0.0 <= options.dropout < 1.0:
+        raise UserInputError(f"--lora.dropout {options.dropout}: expected a probability in [0, 1)")
+    unknown = [t for t in options.targets if t not in HF_TARGETS]
+    if unknown or not options.targets:
+        raise UserInputError(
+            f"--lora.targets {','.join(options.targets)}: expected some of {','.join(HF_TARGETS)}"
+        )
+    for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
+        if getattr(parallelism, name, 1) > 1:
+            raise UserInputError(
+                f"--parallelism.{name} {getattr(parallelism, name)}: LoRA runs shard with FSDP2 "
+                "(data parallel) only; use 1"
+            )
+
+
+def _targets(options: LoRAOptions, is_moe: bool) -> tuple[str, ...]:
+    targets = tuple(dict.fromkeys(options.targets))
+    if not is_moe:
+        return targets
+    dropped = [t for t in targets if t in MLP_TARGETS]
+    kept = tuple(t for t in targets if t in ATTENTION_TARGETS)
+    if dropped:
+        logger.info(
+            f"[lora] Qwen3-MoE: {','.join(dropped)} not adapted (the MLPs are routed experts, which stay frozen "
+            "with the router)"
+        )
+    if not kept:
+        raise UserInputError(
+            f"--lora.targets {','.join(targets)}: a Qwen3-MoE's routed experts are not adapted; "
+            f"target some of {','.join(ATTENTION_TARGETS)}"
+        )
+    return kept
+
+
+def with_lora(config, start: StartPoint | None = None):
+    """The run's config as a LoRA run (``config`` itself when ``--lora`` is off); see the module docstring."""
+    options = config.lora
+    if not options.enabled:
+        return config
+    check_lora_options(options, config.parallelism)
+    arch = config.architecture
+    adapter = open_adapter_dir(options.adapter) if options.adapter else None
+    if adapter is not None:
+        options = dataclasses.replace(
+            options,
+            rank=adapter.params.rank,
+            alpha=adapter.params.alpha,
+            targets=list(adapter.target_modules),
+        )
+        logger.info(
+            f"[lora] rank {options.rank}, alpha {options.alpha:g}, targets {','.join(options.targets)} "
+            f"from {adapter.path}"
+        )
+    targets = _targets(options, arch.is_moe)
+    if adapter is not None:
+        check_adapter_shapes(adapter, expected_adapter_shapes(arch, targets, options.rank))
+    resuming = start is not None and start.kind == "resume"
+    base_model = absolute(config.hf.model_dir) if config.hf.model_dir else None
+    if adapter is not None and resuming:
+        logger.info(f"[lora] --lora.adapter {adapter.path} is not loaded (the step checkpoint is newer)")
+    elif adapter is not None and adapter.base_model and adapter.base_model != base_model:
+        logger.info(
+            f"[lora] {adapter.path} was trained on {adapter.base_model}; this run's base is "
+            f"{base_model or 'its own initialisation'}"
+        )
+    params = LoRAParams(rank=options.rank, alpha=options.alpha, dropout=options.dropout)
+    converter = LoRAConverter.Config(
+        rank=params.rank, alpha=params.alpha, dropout=params.dropout, targets=list(targets)
+    ).build()
+    spec = config.model_spec
+    spec = dataclasses.replace(
+        spec,
+        model=converter.convert(spec.model),
+        state_dict_adapter=lora_state_dict_adapter(spec.state_dict_adapter),
+    )
+    plan = LoRAExportPlan(
+        params=params,
+        target_modules=targets,
+        merge=options.merge,
+        base_model=base_model,
+        initial_adapter=None if resuming else adapter,
+    )
+    checkpoint = config.checkpoint
+    checkpoint = LoRACheckpointManager.Config(
+        **{f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint) if f.init}, lora=plan
+    )
+    return dataclasses.replace(config, model_spec=spec, checkpoint=checkpoint, lora=options)

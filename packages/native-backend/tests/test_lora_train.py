@@ -1,0 +1,193 @@
+"""LoRA through the real launcher: published-style weights in, an adapter peft loads out.
+
+Every run is the real ``train`` command on the CPU in fp32; the trained model is read back from its
+step checkpoint (``qwen3_titan_testing.trained``) and compared with what peft and transformers make of
+the exported files.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import peft
+import pytest
+import torch
+from qwen3_titan_common.perf.train_log import parse_step_lines
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.trained import load_trained_model
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
+EXACT = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
+LORA = ["--lora.rank", "4", "--lora.alpha", "8", "--lora.targets", "q_proj,v_proj,o_proj,up_proj,down_proj"]
+STEPS = 8
+SCALING = 8 / 4
+
+
+def _train(args, cwd):
+    proc = subprocess.run([TRAIN, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def _tokens(vocab=4096):
+    return torch.randint(0, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora")
+    source = make_tiny_checkpoint(tmp / "source")
+    args = ["--hf-model", str(source), "--training.seq_len", "128", *LORA, *EXACT]
+    out = tmp / "out"
+    log = _train([*args, "--training.steps", str(STEPS), "--lora.merge", "--dump_folder", str(out)], tmp)
+    titan_args = ["--module", "qwen3_titan_native", "--config", "debug", "--hf.model_dir", str(source), *LORA]
+    return source, out, log, titan_args
+
+
+@pytest.mark.slow
+def test_peft_loads_the_adapter_onto_the_base_and_computes_the_trained_model(lora_run):
+    source, out, log, titan_args = lora_run
+    adapter = out / "hf" / f"adapter-step-{STEPS}"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(source.resolve())
+    assert (config["r"], config["lora_alpha"]) == (4, 8.0)
+    assert sorted(config["target_modules"]) == ["down_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
+    # The start line: what trains and what the optimizer holds (AdamW: 2 fp32 moments per adapter value).
+    # rank 4 on hidden 64, q 4x32, k/v 2x32, MLP 128: A (4, in) + B (out, 4) per projection, 2 layers.
+    per_layer = {"q_proj": (64, 128), "v_proj": (64, 64), "o_proj": (128, 64), "up_proj": (64, 128)}
+    per_layer["down_proj"] = (128, 64)
+    trainable = 2 * sum(4 * (fan_in + fan_out) for fan_in, fan_out in per_layer.values())
+    assert f"[params] trainable {trainable:,} of " in log
+    assert f"optimizer state per rank {8 * trainable:,} bytes" in log
+
+    trained = load_trained_model(titan_args, out / "checkpoint" / f"step-{STEPS}")
+    base = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(base, str(adapter)).eval()
+    lora_b = [p for n, p in with_adapter.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.abs().max() > 0 for p in lora_b)  # trained away from peft's zero init
+    with torch.no_grad():
+        ours, theirs = trained(_tokens()), with_adapter(_tokens()).logits
+    assert (ours - theirs).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_base_weights_are_untouched_and_the_merged_export_is_base_plus_scaled_b_a(lora_run):
+    source, out, _, titan_args = lora_run
+    base = load_file(source / "model.safetensors")
+    trained, config = load_trained_model(titan_args, out / "checkpoint" / f"step-{STEPS}", with_config=True)
+    # The checkpoint's base weights in Hugging Face names (the run's own state-dict adapter, adapters left out).
+    to_hf = config.model_spec.state_dict_adapter(config.model_spec.model, None).to_hf
+    in_hf = to_hf(trained.state_dict())
+    assert in_hf.keys() == base.keys()
+    for key, tensor in base.items():
+        assert torch.equal(in_hf[key], tensor), key  # bit-identical after training
+
+    adapter = load_file(out / "hf" / f"adapter-step-{STEPS}" / "adapter_model.safetensors")
+    merged = load_file(out / "hf" / f"step-{STEPS}" / "model.safetensors")
+    assert merged.keys() == base.keys()
+    adapted = 0
+    for key, tensor in base.items():
+        module = f"base_model.model.{key.removesuffix('.weight')}"
+        if f"{module}.lora_A.weight" not in adapter:
+            assert torch.equal(merged[key], tensor), key
+            continue
+        a, b = adapter[f"{module}.lora_A.weight"], adapter[f"{module}.lora_B.weight"]
+        assert torch.allclose(merged[key], tensor + (b @ a) * SCALING, rtol=0, atol=1e-6), key
+        assert not torch.allclose(merged[key], tensor, rtol=0, atol=1e-6), key
+        adapted += 1
+    assert adapted == 2 * 5  # 2 layers x 5 targets
+    # peft's own merge of the adapter gives the same weights.
+    peft_merged = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32),
+        str(out / "hf" / f"adapter-step-{STEPS}"),
+    ).merge_and_unload()
+    compared = 0
+    for key, tensor in peft_merged.state_dict().items():
+        if key in merged:
+            assert torch.allclose(merged[key], tensor, rtol=0, atol=1e-6), key
+            compared += 1
+    assert compared == len(merged)
+
+
+@pytest.mark.slow
+def test_training_continues_from_an_exported_adapter(lora_run, tmp_path):
+    source, out, first_log, _ = lora_run
+    adapter = out / "hf" / f"adapter-step-{STEPS}"
+    log = _train(
+        ["--hf-model", str(source), "--training.seq_len", "128", *EXACT, "--lora.adapter", str(adapter),
+         "--training.steps", "1", "--dump_folder", str(tmp_path / "next")],
+        tmp_path,
+    )  # fmt: skip
+    assert f"[lora] continuing from the adapter in {adapter}" in log
+    assert f"rank 4, alpha 8, targets down_proj,o_proj,q_proj,up_proj,v_proj from {adapter}" in log
+    # The first batch is the first run's first batch: its loss is now the adapted model's on it.
+    first = parse_step_lines(first_log)[0].loss
+    continued = parse_step_lines(log)[0].loss
+    from qwen3_titan_native.config_registry import debug
+
+    config = debug()
+    tokenizer = config.tokenizer.build(tokenizer_path=str(source))
+    loader = config.dataloader.build(
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=tokenizer,
+        seq_len=128,
+        local_batch_size=config.training.local_batch_size,
+    )
+    inputs, labels = next(iter(loader))
+    model = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32), str(adapter)
+    ).eval()
+    with torch.no_grad():
+        logits = model(inputs["input"]).logits
+    expected = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), ignore_index=-100
+    ).item()
+    print(f"first-batch loss: base {first:.5f}, with the adapter {continued:.5f} (peft: {expected:.5f})")
+    assert abs(continued - expected) <= 1e-4
+    assert abs(continued - first) > 1e-3
+
+
+@pytest.mark.slow
+def test_lora_on_the_embedded_default_lowers_the_loss_and_exports_its_base(tmp_path):
+    log = _train(["--lora.rank", "16", *EXACT, "--dump_folder", str(tmp_path / "out")], tmp_path)
+    losses = [s.loss for s in parse_step_lines(log)]
+    assert len(losses) == 30 and all(math.isfinite(x) for x in losses)
+    print(f"LoRA rank 16 on the embedded default: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    assert losses[-1] < losses[0] - 0.5
+    base = tmp_path / "out" / "hf" / "base"
+    adapter = tmp_path / "out" / "hf" / "adapter-step-30"
+    assert not (tmp_path / "out" / "hf" / "step-30").exists()  # no --lora.merge: no full export
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base)
+    trained = load_trained_model(
+        ["--module", "qwen3_titan_native", "--config", "debug", "--lora.rank", "16"],
+        tmp_path / "out" / "checkpoint" / "step-30",
+    )
+    model = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter)
+    )
+    with torch.no_grad():
+        assert (trained(_tokens()) - model.eval()(_tokens()).logits).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_resuming_a_full_fine_tuning_run_with_lora_is_refused_in_one_line(tmp_path):
+    dump = str(tmp_path / "out")
+    _train(
+        ["--training.steps", "2", "--training.seq_len", "64", "--hf.no-export", "--dump_folder", dump],
+        tmp_path,
+    )
+    proc = subprocess.run(
+        [TRAIN, "--training.steps", "3", "--training.seq_len", "64", "--lora.rank", "4", "--dump_folder", dump],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("train: ") and "hold no LoRA adapters" in last and "--dump_folder" in last, last
+    assert not (tmp_path / "out" / "checkpoint" / "step-3").exists()
