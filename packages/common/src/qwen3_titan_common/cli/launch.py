@@ -8,19 +8,12 @@ checks a layout of any size on this machine with torchtitan's fake process group
 
 from __future__ import annotations
 
-import os
 import sys
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
-from qwen3_titan_common.cli.plan import (
-    Backend,
-    LaunchError,
-    check_config_name,
-    check_model_dir,
-    plan_launch,
-)
-from qwen3_titan_common.cli.supervise import run_and_summarise, torchrun_executable
+from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
+from qwen3_titan_common.cli.start_run import start_run
 from qwen3_titan_common.errors import UserInputError
 
 
@@ -43,24 +36,17 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             return _list_configs(plan.module)
         check_config_name(plan.module, plan.config)
         check_model_dir(plan.passthrough)
-        if backend.preflight is not None and not opts.print_cmd:
-            problem = backend.preflight(argv)
-            if problem is not None:
-                raise LaunchError(problem)
-        if opts.dry_run:
-            from qwen3_titan_common.cli.dry_run import dry_run
-
-            return dry_run(plan)
+        if opts.print_cmd:
+            print(plan.shell_line())
+            return 0
+        # The run's config, parsed once, and every check that needs no rank, before torchrun starts.
+        return start_run(backend, plan, dry_run=opts.dry_run, show_traceback=opts.show_traceback)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    if opts.print_cmd:
-        print(plan.shell_line())
-        return 0
-    command = plan.command()
-    command[0] = torchrun_executable()
-    print(f"[train] {plan.shell_line()}", file=sys.stderr, flush=True)
-    return run_and_summarise(command, {**os.environ, **plan.env_updates})
+    except KeyboardInterrupt:
+        print("train: interrupted before any rank started; nothing was written", file=sys.stderr)
+        return 130
 
 
 def main_for(backend: Backend):

@@ -19,6 +19,7 @@ from qwen3_titan_common.data.dataset import READ_AHEAD, RecordStreamDataset, Str
 from qwen3_titan_common.data.records import RecordFormat, detect_format
 from qwen3_titan_common.data.sources import (
     DEFAULT_DATASET,
+    MAX_RECORD_BYTES,
     DatasetError,
     RecordSource,
     ResolvedDataset,
@@ -73,6 +74,10 @@ class TextChatDataLoader(ParallelAwareDataloader):
 
         allow_network: bool = False
         """Let a dataset that is not a local path be downloaded from the Hugging Face Hub."""
+
+        max_record_bytes: int = MAX_RECORD_BYTES
+        """A record longer than this (a JSON line, in bytes; a text, in characters) is a bad record and
+        is not tokenized: one huge record would take host memory ~150x its size."""
 
         per_document_positions: bool = False
         """Also emit positions that restart after each EOS, for Flex/varlen attention to mask across documents
@@ -132,7 +137,11 @@ def open_dataset(config: TextChatDataLoader.Config) -> OpenedDataset:
         config.format, [config.messages_field, config.text_field]
     )
     optional = [] if config.format == "text" else [config.tools_field]
-    source = open_source(resolved, wanted, config.split, optional)
+    if config.max_record_bytes < 1:
+        raise DatasetError(
+            f"--dataloader.max_record_bytes {config.max_record_bytes}: expected a positive size"
+        )
+    source = open_source(resolved, wanted, config.split, optional, config.max_record_bytes)
     if not len(source):
         raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
     record_format = config.format
@@ -166,6 +175,7 @@ def build_record_stream(
         infinite=config.infinite,
         on_bad_record=config.on_bad_record,
         per_document_positions=config.per_document_positions,
+        max_record_chars=config.max_record_bytes,
     )
     dataset = RecordStreamDataset(
         source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size

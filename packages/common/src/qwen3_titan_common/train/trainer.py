@@ -36,6 +36,8 @@ from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.train.checkpoint import HFExportPlan
+from qwen3_titan_common.train.model_record import check_model_record, model_record
+from qwen3_titan_common.train.rank_errors import rank_errors
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
 
@@ -72,16 +74,15 @@ class Qwen3Trainer(Trainer):
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
 
     def __init__(self, config: Config):
-        from qwen3_titan_common.train.preflight import check_before_start
+        from qwen3_titan_common.runtime.dump_lock import hold_in_rank
+        from qwen3_titan_common.train.preflight import check_run
 
-        self._start, config = _run_config(config)
-        check_before_start(config)
-        config = self.capturable(config)
-        if config.hf.export and config.parallelism.pipeline_parallel_degree > 1:
-            raise CheckpointError(
-                "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
-            )
-        super().__init__(config)
+        with rank_errors(lambda: str(config.dump_folder)):
+            self._start, config = run_config(config)
+            check_run(config)
+            self._dump_lock = hold_in_rank(config.dump_folder)
+            config = self.capturable(config)
+            super().__init__(config)
 
     @classmethod
     def cuda_graph_blocker(cls, config: Config) -> str | None:
@@ -118,19 +119,20 @@ class Qwen3Trainer(Trainer):
             self.checkpointer.export_hf(self.step)
 
     def train(self):
-        super().train()
-        if self.config.hf.export:
-            self.checkpointer.export_hf(self.step)
+        with rank_errors(lambda: str(self.config.hf.model_dir or self.config.dump_folder)):
+            super().train()
+            if self.config.hf.export:
+                self.checkpointer.export_hf(self.step)
 
 
 def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype:
     name = config.hf.export_dtype
     if name == "auto":
         name = start.model_dir.dtype_name if start.model_dir is not None else "float32"
-    return EXPORT_DTYPES[name]
+    return EXPORT_DTYPES.get(name, torch.float32)  # float64 weights export as float32
 
 
-def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
+def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
     """Where the run's weights come from (logged in one line), and the config that trains them.
 
     With ``--hf.model_dir`` the model is the directory's (its config.json's architecture, its tokenizer,
@@ -174,6 +176,14 @@ def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.C
     if architecture is not config.architecture:
         changes["architecture"] = architecture
         changes["model_spec"] = config.model_spec_builder(architecture, config.model_spec.flavor)
+    record = model_record(config.model_spec.name, architecture)
+    if start.kind == "resume":
+        check_model_record(
+            Path(config.dump_folder) / config.checkpoint.folder,
+            record,
+            step=start.resume_step,
+            dump_folder=config.dump_folder,
+        )
     plan = HFExportPlan(
         base_dir=Path(config.hf.export_dir or Path(config.dump_folder) / "hf"),
         architecture=architecture,
@@ -181,5 +191,5 @@ def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.C
         max_shard_bytes=parse_size(config.hf.max_shard_size),
         assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
     )
-    changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan)
+    changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
     return start, dataclasses.replace(config, **changes)
