@@ -8,12 +8,14 @@ checks a layout of any size on this machine with torchtitan's fake process group
 
 from __future__ import annotations
 
+import os
 import sys
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
 from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
 from qwen3_titan_common.cli.start_run import start_run
+from qwen3_titan_common.cli.supervise import SHOW_TRACEBACK_ENV
 from qwen3_titan_common.errors import UserInputError
 
 
@@ -47,6 +49,16 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("train: interrupted before any rank started; nothing was written", file=sys.stderr)
         return 130
+    except Exception as err:
+        if os.environ.get(SHOW_TRACEBACK_ENV):
+            raise
+        reason = (str(err).strip().splitlines() or [""])[0]
+        print(
+            f"train: internal error in the launcher: {type(err).__name__}: {reason} "
+            f"({SHOW_TRACEBACK_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def main_for(backend: Backend):

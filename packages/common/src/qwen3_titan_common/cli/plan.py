@@ -79,8 +79,15 @@ class LaunchPlan:
         return (env + " " if env else "") + shlex.join(self.command())
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints its usage and then the error; the launcher's errors are one line."""
+
+    def error(self, message: str):
+        raise LaunchError(f"{message} (train --help lists the launcher's flags)")
+
+
 def _parser(backend: Backend) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="train",
         description=(
             f"Train Qwen3 with the {backend.distribution} (torchtitan --module {backend.module}). "

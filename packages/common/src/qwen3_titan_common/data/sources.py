@@ -393,7 +393,14 @@ def open_parquet(path: Path, name: str, wanted: Sequence[str], optional: Sequenc
 def load_saved(directory: Path, split: str) -> Any:
     from datasets import DatasetDict, load_from_disk
 
-    loaded = load_from_disk(str(directory))
+    try:
+        loaded = load_from_disk(str(directory))
+    except Exception as err:  # datasets and pyarrow raise many types for a damaged directory
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DatasetError(
+            f"--dataloader.dataset '{directory}': the datasets.save_to_disk directory does not load "
+            f"({type(err).__name__}: {reason}); save it again"
+        ) from None
     if isinstance(loaded, DatasetDict):
         if split not in loaded:
             raise DatasetError(

@@ -24,7 +24,6 @@ from huggingface_hub.constants import CONFIG_NAME, SAFETENSORS_INDEX_FILE
 from safetensors.torch import save_file
 
 from qwen3_titan_common.arch.architecture import architecture_from_config
-from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.export_guard import check_replaceable, write_export_marker
@@ -176,21 +175,15 @@ def export_hf_dir(
     the plan's total size in the free-space check.
     """
     out_dir = spec.out_dir.resolve()
-    try:
-        check_replaceable(out_dir)
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        shapes = planned_shapes(spec)
-        plan = plan_shards(shapes, spec.dtype, spec.max_shard_bytes)
-        check_free_space(
-            out_dir.parent,
-            plan.metadata["total_size"] if expected_bytes is None else expected_bytes,
-            "export",
-        )
-    except UserInputError:
-        # Other ranks gather each tensor with us: take part in every gather before failing.
-        for _ in tensors:
-            pass
-        raise
+    # Before any tensor is asked for (on several ranks, a failing writer ends the run: torchrun stops
+    # the others, whatever gather they wait in).
+    check_replaceable(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    shapes = planned_shapes(spec)
+    plan = plan_shards(shapes, spec.dtype, spec.max_shard_bytes)
+    check_free_space(
+        out_dir.parent, plan.metadata["total_size"] if expected_bytes is None else expected_bytes, "export"
+    )
     # Leftovers of exports to the same place that were killed: never complete, never read.
     for stale in out_dir.parent.glob(f".{out_dir.name}.partial-*"):
         shutil.rmtree(stale, ignore_errors=True)
