@@ -345,7 +345,7 @@ def test_data_not_utf8(fails, tmp_path):
 
 def test_data_record_over_the_size_limit(fails, tmp_path):
     path = _write(tmp_path / "d.jsonl", GOOD + "\n" + json.dumps({"text": "x" * 5000}) + "\n")
-    _data(fails, path, "d.jsonl:2", "over the 0 MiB limit", "--dataloader.max_record_bytes",
+    _data(fails, path, "d.jsonl:2", "over the 1,000 bytes limit", "--dataloader.max_record_bytes",
           extra=["--dataloader.max_record_bytes", "1000"])  # fmt: skip
 
 

@@ -69,14 +69,16 @@ class Failure:
     output: str  # everything it wrote, stdout and stderr
 
 
-def check_failure(returncode: int, stdout: str, stderr: str, expected_code: int, *culprit: str) -> Failure:
+def check_failure(
+    returncode: int, stdout: str, stderr: str, expected_code: int, *culprit: str, prefix: str = "train: "
+) -> Failure:
     """Assert what every failure must look like; return its line for case-specific checks."""
     output = stdout + stderr
     for forbidden in FORBIDDEN:
         assert forbidden not in output, f"{forbidden!r} shown to the user:\n{output[-4000:]}"
     assert returncode == expected_code, f"exit {returncode}, expected {expected_code}:\n{output[-4000:]}"
-    errors = [line for line in stderr.splitlines() if line.startswith("train: ")]
-    assert len(errors) == 1, f"expected one 'train:' line, got {errors}:\n{output[-4000:]}"
+    errors = [line for line in stderr.splitlines() if line.startswith(prefix)]
+    assert len(errors) == 1, f"expected one {prefix!r} line, got {errors}:\n{output[-4000:]}"
     last = (stderr.strip() or stdout.strip()).splitlines()[-1]
     assert last == errors[0], f"the 'train:' line is not the last one:\n{output[-4000:]}"
     for fragment in culprit:

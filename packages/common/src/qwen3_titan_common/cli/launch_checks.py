@@ -68,7 +68,8 @@ def parse_run_config(plan: LaunchPlan, extra_flags: tuple[str, ...] = ()) -> Any
 
 
 _RULE = re.compile(r"^\s*-{20,}\s*$")
-_SECTION_PREFIX = re.compile(r"^Error parsing [\w.-]+: (?=--)")
+# tyro's "Error parsing <where>: " before a message that names its flag itself.
+_SECTION_PREFIX = re.compile(r"^Error parsing (?:[\w.-]+: (?=--)|(?=--[\w.-]+: ))")
 
 
 def parser_error(text: str, argv: list[str]) -> str | None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from qwen3_titan_common.runtime.error_channel import ErrorChannel
+
 SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 1, 130
 # How long torchrun gets to stop its ranks after an interruption before they are killed.
@@ -37,7 +39,7 @@ def torchrun_executable() -> str:
 # A rank that dies of one of our input errors prints `qwen3_titan_...XxxError: message`
 # at the end of its traceback (only our modules' classes are module-qualified there).
 _USER_ERROR_LINE = re.compile(r"(?:^|[\s:])(?:qwen3_titan_[\w.]*|neuron_qwen3[\w.]*)\.(\w*Error): (.+)$")
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+")
 _TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\):")
 # torchrun's own report of a failure (glog-style lines from torch.distributed.elastic).
 _TORCHRUN_FAILURE = re.compile(r"^[EW]\d{4} .*torch/distributed/elastic/.*(failed|closing signal|signal)")
@@ -130,7 +132,10 @@ class _Console:
 
     def line(self, line: str) -> None:
         if self.log is not None:
-            self.log.write(line)
+            try:
+                self.log.write(line)
+            except OSError:  # its disk is full: the run goes on, and its last line says why it stopped
+                self.log = None
         if self.show_all:
             self._show(line)
             return
@@ -269,10 +274,11 @@ def run_and_summarise(command: list[str], env: dict[str, str], context: RunConte
         log.write(f"[train] {' '.join(command)}\n")
     console = _Console(log, show_all)
     summary = ErrorSummary()
+    channel = ErrorChannel()
     # torchrun in a session of its own: a terminal's Ctrl-C reaches only us, and we forward it once.
     proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True,
+        command, env={**env, **channel.env()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        bufsize=1, start_new_session=True,
     )  # fmt: skip
     interruption = _Interruption(proc, console)
     try:
@@ -281,10 +287,15 @@ def run_and_summarise(command: list[str], env: dict[str, str], context: RunConte
             console.line(line)
             summary.feed(line)
         returncode = proc.wait()
+        reported = channel.messages()
     finally:
         interruption.restore()
+        channel.close()
         if log is not None:
-            log.close()
+            try:
+                log.close()
+            except OSError:
+                pass
     sys.stdout.flush()
     if interruption.signum is not None:
         _kill_leftovers([p for p in interruption.ranks if _alive(p)])
@@ -293,7 +304,8 @@ def run_and_summarise(command: list[str], env: dict[str, str], context: RunConte
     if returncode == 0:
         console.release()
         return 0
-    message = summary.message
+    # The first rank to report is the root cause; the others stopped because it did.
+    message = reported[0][1] if reported else summary.message
     if message is None and context is not None:
         message = _rank_error(context.rank_log_dir, summary.cause_local_rank)
     if message is not None:

@@ -294,9 +294,13 @@ def _line_spans(f, block: int = 1 << 20):
         yield pending, blank
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1024**2:.1f} MiB" if nbytes >= 1024**2 else f"{nbytes:,} bytes"
+
+
 def _too_long(length: int, limit: int) -> str:
     return (
-        f"line is {length / 1024**2:.1f} MiB, over the {limit / 1024**2:.0f} MiB limit for one record "
+        f"line is {_size(length)}, over the {_size(limit)} limit for one record "
         "(--dataloader.max_record_bytes); not read: split it into several records, or raise the limit"
     )
 

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.disk import disk_full_in
+from qwen3_titan_common.runtime.error_channel import report
 
 _NON_FINITE_LOSS = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 _NOT_WRITABLE = {
@@ -70,11 +71,16 @@ def translate(error: BaseException, where: str) -> UserInputError | None:
 
 @contextmanager
 def rank_errors(where: Callable[[], str]) -> Iterator[None]:
-    """Re-raise the user's failures as one-line errors; ``where`` names the run's place on disk."""
+    """Re-raise the user's failures as one-line errors, each also sent to the launcher
+    (``runtime.error_channel``); ``where`` names the run's place on disk."""
     try:
         yield
+    except UserInputError as error:
+        report(str(error))
+        raise
     except Exception as error:
         translated = translate(error, where())
         if translated is None:
             raise
+        report(str(translated))
         raise translated from None
