@@ -9,6 +9,7 @@ import pytest
 import torch
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir, parse_size
+from qwen3_titan_common.hf.export_guard import EXPORT_MARKER, ExportTargetError
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.runtime.disk import DiskSpaceError
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
@@ -85,6 +86,22 @@ def test_existing_export_is_replaced_whole(tmp_path):
     out = _export(tmp_path, {"new": torch.ones(2)})
     assert list(load_file(out / "model.safetensors")) == ["new"]
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
+    assert json.loads((out / EXPORT_MARKER).read_text())["complete"] is True
+
+
+def test_a_directory_the_project_did_not_write_is_never_replaced(tmp_path):
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "README.md").write_text("my notes")
+    asked = []
+
+    def tensors():
+        asked.append(1)
+        yield "w", torch.ones(2)
+
+    with pytest.raises(ExportTargetError, match=r"export: exists and is not an export this project wrote"):
+        export_hf_dir(_spec(tmp_path, {"w": torch.ones(2)}), tensors())
+    assert (tmp_path / "export" / "README.md").read_text() == "my notes"
+    assert asked == [] and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_not_enough_disk_fails_early_with_numbers(tmp_path):

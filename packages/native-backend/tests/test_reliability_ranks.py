@@ -27,6 +27,7 @@ TRAIN = str(Path(sys.executable).with_name("train"))
 # torchtitan's own outputs (TensorBoard, communication traces, complete step checkpoints).
 RUN_OUTPUTS = ("logs", ".train.lock", "tb", "comm_traces", "checkpoint")
 QUICK = ["--checkpoint.no-enable", "--hf.no-export"]
+LR_FLAG = "--optimizer.param-groups.0.optimizer-kwargs.lr"  # torchtitan 0.3.0's flag for AdamW's lr
 GOOD = json.dumps({"text": "A perfectly fine document with some words in it, and a few more."})
 
 pytestmark = pytest.mark.slow
@@ -92,8 +93,8 @@ def test_non_finite_weight_in_the_model_dir(tmp_path):
 
 
 def test_loss_that_is_not_finite(tmp_path):
-    args = ["--optimizer.lr", "1e30", "--lr_scheduler.warmup_steps", "0", "--training.steps", "8", *QUICK]
-    _fails(tmp_path, args, 2, "the loss is not finite", "--optimizer.lr")
+    args = [LR_FLAG, "1e30", "--lr_scheduler.warmup_steps", "0", "--training.steps", "8", *QUICK]
+    _fails(tmp_path, args, 2, "the loss is not finite", LR_FLAG)
 
 
 def test_checkpoints_of_another_model_in_the_readme_order(tmp_path):
@@ -224,26 +225,28 @@ def test_disk_filled_by_something_else_during_the_run(tmp_path):
         "--dump_folder",
         str(dump),
     ]
+    run, rc = tmp_path / "run.txt", tmp_path / "rc"  # outside the disk that fills up
     fill = (
-        f"( {' '.join(train)} > {mount}/run.txt 2>&1; echo $? > {mount}/rc ) & "
-        f"until grep -q 'step:  1' {mount}/run.txt 2>/dev/null; do sleep 0.2; done; "
-        f"dd if=/dev/zero of={mount}/filler bs=1M 2>/dev/null; wait; cat {mount}/run.txt; exit $(cat {mount}/rc)"
+        f"( {' '.join(train)} > {run} 2>&1; echo $? > {rc} ) & "
+        f"until grep -q 'step:  1' {run} 2>/dev/null; do sleep 0.2; done; "
+        f"dd if=/dev/zero of={mount}/filler bs=1M 2>/dev/null; wait; cat {run}; exit $(cat {rc})"
     )
     command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                f"mount -t tmpfs -o size=150m tmpfs {mount} && {fill}"]  # fmt: skip
     proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
-    check_failure(proc.returncode, "", proc.stdout + proc.stderr, 2, str(dump / "checkpoint"), "disk")
+    check_failure(proc.returncode, "", proc.stdout + proc.stderr, 2, str(dump), "disk")
 
 
 @needs_unshare
 def test_checkpoint_onto_a_full_disk_is_named(tmp_path):
-    """DCP wraps each rank's write error in its own exception; a full disk under it is still found."""
+    """DCP wraps each rank's write error in a CheckpointException (a BaseException), and torch.save
+    under it reports ENOSPC as `RuntimeError: ... unexpected pos`: the full disk is still named."""
     script = (
         "import torch, torch.distributed.checkpoint as dcp\n"
         "from qwen3_titan_common.train.rank_errors import translate\n"
         "try:\n"
         f"    dcp.save({{'w': torch.ones(4 * 1024 * 1024)}}, checkpoint_id={str(tmp_path / 'disk' / 'step-1')!r})\n"
-        "except Exception as err:\n"
+        "except BaseException as err:  # CheckpointException is not an Exception\n"
         f"    print(translate(err, {str(tmp_path / 'disk')!r}))\n"
     )
     (tmp_path / "disk").mkdir()
@@ -260,14 +263,15 @@ def test_export_onto_a_full_disk_is_named(tmp_path):
         "from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir; "
         "from qwen3_titan_common.errors import UserInputError\n"
         f"spec = ExportSpec(out_dir=Path({str(tmp_path / 'disk' / 'step-1')!r}), config={{}}, dtype=torch.float32, "
-        "shapes={'w': (4 * 1024 * 1024,)})\n"
+        "shapes={'w': (10 * 1024 * 1024,)})\n"
         "try:\n"
-        "    export_hf_dir(spec, [('w', torch.ones(4 * 1024 * 1024))], expected_bytes=1)\n"
+        "    # 40 MB of tensors, told to need 1 byte: the free-space check passes, the write fills the disk\n"
+        "    export_hf_dir(spec, [('w', torch.ones(10 * 1024 * 1024))], expected_bytes=1)\n"
         "except UserInputError as err:\n"
         "    print(err)\n"
     )
     (tmp_path / "disk").mkdir()
-    command = on_small_filesystem([sys.executable, "-c", script], tmp_path / "disk", size="8m")
+    command = on_small_filesystem([sys.executable, "-c", script], tmp_path / "disk", size="32m")
     proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
     assert "the disk filled up while writing the export" in proc.stdout, proc.stdout + proc.stderr
     assert str(tmp_path / "disk" / "step-1") in proc.stdout

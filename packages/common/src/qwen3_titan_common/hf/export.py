@@ -29,7 +29,7 @@ from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf
 from qwen3_titan_common.hf.export_guard import check_replaceable, write_export_marker
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, TOKENIZER_FILES
 from qwen3_titan_common.hf.shard_plan import index_json, plan_shards
-from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message
+from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
@@ -200,7 +200,9 @@ def export_hf_dir(
         _replace_dir(tmp_dir, out_dir)
     except BaseException as err:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-        if isinstance(err, OSError) and disk_full_in(err):
+        if not isinstance(err, KeyboardInterrupt | SystemExit) and (
+            disk_full_in(err) or looks_full(out_dir.parent)
+        ):
             raise CheckpointError(disk_full_message(out_dir, "export")) from None
         raise
     return out_dir

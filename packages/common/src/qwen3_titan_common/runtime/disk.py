@@ -41,6 +41,16 @@ def check_free_space(target: Path, needed_bytes: int, what: str) -> None:
         )
 
 
+def looks_full(path: Path) -> bool:
+    """Whether ``path``'s file system is (nearly) out of space: how a failed write is told apart from
+    other failures when the library reports ENOSPC as something else (torch.save, under DCP, raises
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``)."""
+    try:
+        return shutil.disk_usage(nearest_existing(path)).free < DISK_SLACK_BYTES
+    except OSError:
+        return False
+
+
 def disk_full_in(error: BaseException) -> bool:
     """Whether ``error``, or anything it wraps (DCP collects each rank's failure), is a full disk."""
     seen: set[int] = set()

@@ -36,7 +36,7 @@ from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
 from qwen3_titan_common.hf.start import newest_complete_step
-from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message
+from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 from qwen3_titan_common.train.model_record import write_model_record
 from qwen3_titan_common.train.weight_check import first_non_finite
 
@@ -109,8 +109,10 @@ class Qwen3CheckpointManager(CheckpointManager):
             write_model_record(folder, self.model_record)
         try:
             return super().save(curr_step, last_step)
-        except Exception as err:
-            if disk_full_in(err):
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # DCP's CheckpointException is a BaseException
+            if disk_full_in(err) or looks_full(folder):
                 raise CheckpointError(
                     disk_full_message(folder / f"step-{curr_step}", f"checkpoint of step {curr_step}")
                 ) from None

@@ -37,12 +37,31 @@ def write_model_record(folder: Path, record: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+# The fields that tell two models apart at a glance, named first.
+_FIRST = ("hidden_size", "num_hidden_layers", "moe.num_experts", "vocab_size", "num_attention_heads")
+
+
+def _flat(fields: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested fields as dotted names (``moe.num_experts``), so a difference names one field."""
+    if not isinstance(fields, dict):
+        return {prefix.rstrip("."): fields} if prefix else {}
+    found: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            found.update(_flat(value, f"{prefix}{key}."))
+        elif value is not None:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
 def _differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     found = []
     if saved.get("model") != ours["model"]:
         found.append(f"model {saved.get('model')} there, {ours['model']} here")
-    there, here = saved.get("architecture", {}), ours["architecture"]
-    for key in sorted(set(there) | set(here)):
+    there, here = _flat(saved.get("architecture", {})), _flat(ours["architecture"])
+    for key in sorted(
+        set(there) | set(here), key=lambda k: (_FIRST.index(k) if k in _FIRST else len(_FIRST), k)
+    ):
         if there.get(key) != here.get(key):
             found.append(f"{key} {there.get(key)} there, {here.get(key)} here")
     return found

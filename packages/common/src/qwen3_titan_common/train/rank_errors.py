@@ -13,9 +13,10 @@ import errno
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.runtime.disk import disk_full_in
+from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 from qwen3_titan_common.runtime.error_channel import report
 
 _NON_FINITE_LOSS = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
@@ -40,11 +41,14 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
         error = error.__cause__ or error.__context__
 
 
-def translate(error: BaseException, where: str) -> UserInputError | None:
-    """The one-line error ``error`` stands for, or None when it is not the user's to fix."""
+def translate(error: BaseException, where: str, model_dir: str | None = None) -> UserInputError | None:
+    """The one-line error ``error`` stands for, or None when it is not the user's to fix.
+
+    ``where``: the run's dump folder (a full disk is looked for there); ``model_dir``: the weights loaded.
+    """
     if isinstance(error, UserInputError):
         return None
-    if disk_full_in(error):
+    if disk_full_in(error) or looks_full(Path(where)):
         path = next((e.filename for e in _chain(error) if isinstance(e, OSError) and e.filename), where)
         return RunStoppedError(
             f"{path}: the disk filled up (No space left on device); free space there or pass another --dump_folder"
@@ -53,8 +57,9 @@ def translate(error: BaseException, where: str) -> UserInputError | None:
         match = _NON_FINITE_LOSS.search(str(link))
         if match:
             return RunStoppedError(
-                f"step {match.group(2)}: the loss is not finite ({match.group(1)}), training stopped; lower "
-                "--optimizer.lr, check the data, or resume from an earlier step checkpoint"
+                f"step {match.group(2)}: the loss is not finite ({match.group(1)}), training stopped; lower the "
+                "learning rate (--optimizer.param-groups.0.optimizer-kwargs.lr), check the data, or resume from an "
+                "earlier step checkpoint"
             )
         if isinstance(link, OSError) and link.errno in _NOT_WRITABLE and link.filename:
             return RunStoppedError(
@@ -63,23 +68,26 @@ def translate(error: BaseException, where: str) -> UserInputError | None:
         if type(link).__name__ == "SafetensorError":
             reason = (str(link).strip().splitlines() or ["unreadable"])[0]
             return RunStoppedError(
-                f"{where}: a safetensors file could not be read while loading ({reason}); download the "
-                "checkpoint again, and check it with `verify-checkpoint DIR`"
+                f"{model_dir or where}: a safetensors file could not be read while loading ({reason}); download "
+                "the checkpoint again, and check it with `verify-checkpoint DIR`"
             )
     return None
 
 
 @contextmanager
-def rank_errors(where: Callable[[], str]) -> Iterator[None]:
+def rank_errors(config: Callable[[], object]) -> Iterator[None]:
     """Re-raise the user's failures as one-line errors, each also sent to the launcher
-    (``runtime.error_channel``); ``where`` names the run's place on disk."""
+    (``runtime.error_channel``); ``config()`` is the run's config, for its dump folder and model dir."""
     try:
         yield
     except UserInputError as error:
         report(str(error))
         raise
-    except Exception as error:
-        translated = translate(error, where())
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # DCP's CheckpointException is a BaseException
+        run = config()
+        translated = translate(error, str(run.dump_folder), getattr(run.hf, "model_dir", None))
         if translated is None:
             raise
         report(str(translated))

@@ -77,7 +77,7 @@ class Qwen3Trainer(Trainer):
         from qwen3_titan_common.runtime.dump_lock import hold_in_rank
         from qwen3_titan_common.train.preflight import check_run
 
-        with rank_errors(lambda: str(config.dump_folder)):
+        with rank_errors(lambda: config):
             self._start, config = run_config(config)
             check_run(config)
             self._dump_lock = hold_in_rank(config.dump_folder)
@@ -119,7 +119,7 @@ class Qwen3Trainer(Trainer):
             self.checkpointer.export_hf(self.step)
 
     def train(self):
-        with rank_errors(lambda: str(self.config.hf.model_dir or self.config.dump_folder)):
+        with rank_errors(lambda: self.config):
             super().train()
             if self.config.hf.export:
                 self.checkpointer.export_hf(self.step)
