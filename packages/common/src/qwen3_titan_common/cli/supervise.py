@@ -1,5 +1,9 @@
 """Runs torchrun, streams its output, keeps all of it in the run's log, and ends every failure in one line.
 
+torchrun is started before the launcher's checks end, its ranks held at the launch gate
+(``runtime.launch_gate``); :class:`SupervisedRun` either lets them go and follows the run, or stops
+them, having written nothing, when a check failed.
+
 What the user sees of a failed run is what happened before it failed, then one ``train:`` line: a
 rank's input error (our ``...Error: message``, or torchtitan's parser box), an interruption (with the
 step reached and the newest complete checkpoint), or an internal error with where the full log is.
@@ -13,7 +17,9 @@ Exit codes: 0 done, 2 input error, 1 internal error, 130 interrupted (SIGINT, SI
 from __future__ import annotations
 
 import os
+import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,6 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from qwen3_titan_common.runtime.error_channel import ErrorChannel
+from qwen3_titan_common.runtime.launch_gate import LaunchGate
 
 SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 1, 130
@@ -265,54 +272,104 @@ def _failure_line(summary: ErrorSummary, context: RunContext | None, returncode:
     return f"torchrun exited with status {returncode}{where}{show}"
 
 
-def run_and_summarise(command: list[str], env: dict[str, str], context: RunContext | None = None) -> int:
-    show_all = bool(os.environ.get(SHOW_TRACEBACK_ENV)) or (context is not None and context.show_tracebacks)
-    log = None
-    if context is not None:
-        context.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(context.log_path, "a", buffering=1)  # noqa: SIM115 (closed below, after the run)
-        log.write(f"[train] {' '.join(command)}\n")
-    console = _Console(log, show_all)
-    summary = ErrorSummary()
-    channel = ErrorChannel()
-    # torchrun in a session of its own: a terminal's Ctrl-C reaches only us, and we forward it once.
-    proc = subprocess.Popen(
-        command, env={**env, **channel.env()}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        bufsize=1, start_new_session=True,
-    )  # fmt: skip
-    interruption = _Interruption(proc, console)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            console.line(line)
-            summary.feed(line)
-        returncode = proc.wait()
-        reported = channel.messages()
-    finally:
-        interruption.restore()
-        channel.close()
-        if log is not None:
+class SupervisedRun:
+    """torchrun, started early with its ranks held at the launch gate (``runtime.launch_gate``), then
+    either let go and followed to the end (:meth:`follow`) or stopped before any rank wrote (:meth:`abort`).
+
+    torchrun runs in a session of its own: a terminal's Ctrl-C reaches only the launcher, which forwards
+    it once. Its output is read from the start, by a thread, so that nothing blocks while the launcher
+    checks; the lines wait in a queue until :meth:`follow` shows and logs them.
+    """
+
+    def __init__(self, command: list[str], env: dict[str, str], *, gated: bool = True):
+        self.command = command
+        self.channel = ErrorChannel()
+        self.gate = LaunchGate() if gated else None
+        extra = {**self.channel.env(), **(self.gate.env() if self.gate else {})}
+        self.proc = subprocess.Popen(
+            command, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            bufsize=1, start_new_session=True,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def abort(self) -> None:
+        """Stop torchrun and its ranks, which are still at the gate: nothing of theirs is shown or kept."""
+        ranks = _descendants(self.proc.pid)
+        if self.gate is not None:
+            self.gate.close()
+        if self.proc.poll() is None:
             try:
-                log.close()
-            except OSError:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
                 pass
-    sys.stdout.flush()
-    if interruption.signum is not None:
-        _kill_leftovers([p for p in interruption.ranks if _alive(p)])
-        print(f"train: {_interrupted_line(summary, context)}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    if returncode == 0:
-        console.release()
-        return 0
-    # The first rank to report is the root cause; the others stopped because it did.
-    message = reported[0][1] if reported else summary.message
-    if message is None and context is not None:
-        message = _rank_error(context.rank_log_dir, summary.cause_local_rank)
-    if message is not None:
-        print(f"train: {message}", file=sys.stderr)
-        return EXIT_INPUT
-    print(f"train: {_failure_line(summary, context, returncode)}", file=sys.stderr)
-    return EXIT_INTERNAL
+        try:
+            self.proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            _kill_leftovers([*ranks, *_descendants(self.proc.pid), self.proc.pid])
+            self.proc.wait()
+        _kill_leftovers([p for p in ranks if _alive(p)])
+        self.channel.close()
+
+    def follow(self, context: RunContext | None = None) -> int:
+        """Let the ranks go, show and log the run, and end it with its exit code and, on failure, one line."""
+        show_all = bool(os.environ.get(SHOW_TRACEBACK_ENV)) or (
+            context is not None and context.show_tracebacks
+        )
+        log = None
+        if context is not None:
+            context.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(context.log_path, "a", buffering=1)  # noqa: SIM115 (closed below, after the run)
+            log.write(f"[train] {shlex.join(self.command)}\n")
+        console = _Console(log, show_all)
+        summary = ErrorSummary()
+        interruption = _Interruption(self.proc, console)
+        if self.gate is not None:
+            self.gate.open()
+        try:
+            while (line := self.lines.get()) is not None:
+                console.line(line)
+                summary.feed(line)
+            returncode = self.proc.wait()
+            reported = self.channel.messages()
+        finally:
+            interruption.restore()
+            self.channel.close()
+            if self.gate is not None:
+                self.gate.shutdown()
+            if log is not None:
+                try:
+                    log.close()
+                except OSError:
+                    pass
+        sys.stdout.flush()
+        if interruption.signum is not None:
+            _kill_leftovers([p for p in interruption.ranks if _alive(p)])
+            print(f"train: {_interrupted_line(summary, context)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if returncode == 0:
+            console.release()
+            return 0
+        # The first rank to report is the root cause; the others stopped because it did.
+        message = reported[0][1] if reported else summary.message
+        if message is None and context is not None:
+            message = _rank_error(context.rank_log_dir, summary.cause_local_rank)
+        if message is not None:
+            print(f"train: {message}", file=sys.stderr)
+            return EXIT_INPUT
+        print(f"train: {_failure_line(summary, context, returncode)}", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def run_and_summarise(command: list[str], env: dict[str, str], context: RunContext | None = None) -> int:
+    """Run ``command`` (torchrun) to the end, ungated: the supervised run without early start."""
+    return SupervisedRun(command, env, gated=False).follow(context)
 
 
 def _alive(pid: int) -> bool:

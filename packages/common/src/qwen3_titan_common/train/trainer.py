@@ -75,11 +75,13 @@ class Qwen3Trainer(Trainer):
 
     def __init__(self, config: Config):
         from qwen3_titan_common.runtime.dump_lock import hold_in_rank
+        from qwen3_titan_common.runtime.launch_gate import wait_for_launcher
         from qwen3_titan_common.train.preflight import check_run
 
         with rank_errors(lambda: config):
             self._start, config = run_config(config)
             check_run(config)
+            wait_for_launcher()  # under `train`: until the launcher's own checks passed
             self._dump_lock = hold_in_rank(config.dump_folder)
             config = self.capturable(config)
             super().__init__(config)
