@@ -161,7 +161,7 @@ def test_the_command_line_runs_as_a_module_from_the_root():
 
 @pytest.mark.slow
 def test_self_check_a_dropped_dependency_fails_its_package_and_names_the_import():
-    # Copies the tree, drops native-backend's "common", relocks; the static check and the package's own
+    # Copies the tree, drops nki-moe-backend's "common", relocks; the static check and the package's own
     # isolated run must both fail naming it. Tens of seconds: one more environment, hardlinked from uv's cache.
     proc = subprocess.run(
         [sys.executable, "-m", "tools.ci", "--self-check"],

@@ -75,9 +75,11 @@ def workspace_closure(package: Package, packages: dict[str, Package]) -> list[Pa
 
 
 def locked_closure(lock_path: Path, package: str) -> set[str]:
-    """Every distribution uv.lock installs with ``package``, directly or not."""
+    """Every distribution uv.lock installs with ``package`` and its test groups, directly or not."""
     by_name = {normalize(p["name"]): p for p in tomllib.loads(lock_path.read_text())["package"]}
-    seen, todo = set(), [package]
+    groups = by_name.get(normalize(package), {}).get("dev-dependencies", {}).values()
+    seen = {normalize(dep["name"]) for group in groups for dep in group}
+    todo = [package, *seen]
     while todo:
         name = todo.pop()
         for dep in by_name.get(name, {}).get("dependencies", []):

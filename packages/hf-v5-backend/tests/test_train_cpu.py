@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from qwen3_titan_common.assets import DEBUG_MOE_CONFIG
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
 from qwen3_titan_common.perf.train_log import parse_step_lines
@@ -75,7 +76,8 @@ def test_tiny_moe_trains_and_round_trips_its_per_expert_keys(tmp_path):
     assert len(steps) == 4 and steps[-1].loss < steps[0].loss
     export = tmp_path / "a" / "hf" / "step-4"
     tensors = _tensors(export)
-    assert "model.layers.3.mlp.experts.7.down_proj.weight" in tensors
+    last_layer, last_expert = DEBUG_MOE_CONFIG["num_hidden_layers"] - 1, DEBUG_MOE_CONFIG["num_experts"] - 1
+    assert f"model.layers.{last_layer}.mlp.experts.{last_expert}.down_proj.weight" in tensors
     assert not any(key.endswith(("gate_up_proj", "experts.down_proj")) for key in tensors)
     _loads_completely(export)
     _verified(export)

@@ -60,20 +60,9 @@ def test_the_recipe_name_is_an_entry_point():
 
 
 def test_kernels_is_a_torchtitan_flag():
-    from torchtitan.config.manager import ConfigManager
+    from nki_moe_models import parse_debug_moe
 
-    config = ConfigManager().parse_args(
-        [
-            "--module",
-            "qwen3_titan_nki_moe",
-            "--config",
-            "debug_moe",
-            "--kernels",
-            "reference",
-            "--training.steps",
-            "3",
-        ]
-    )
+    config = parse_debug_moe("--kernels", "reference", "--training.steps", "3")
     assert config.kernels == "reference" and config.training.steps == 3
 
 

@@ -6,22 +6,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from nki_moe_models import QWEN3_30B_A3B_SHAPE, kernel_shape
 from qwen3_titan_nki_moe import config_registry, constraints, registry
 from qwen3_titan_nki_moe.launch import nki_precheck
 from qwen3_titan_nki_moe.trainer import prepare_kernels
 
 
 def _shape(**changes):
-    base = dict(
-        seq_len=4096,
-        head_dim=128,
-        hidden_size=2048,
-        rope_cache_len=40960,
-        lnc=2,
-        num_experts=128,
-        moe_intermediate_size=768,
-    )
-    return constraints.KernelShape(**{**base, **changes})
+    return kernel_shape(QWEN3_30B_A3B_SHAPE, **changes)
 
 
 def _messages(**changes):

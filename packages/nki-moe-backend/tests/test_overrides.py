@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 import torch
-from nki_moe_models import SMALL_MOE, build, model_configs
+from nki_moe_models import SMALL_MOE, build, model_configs, parse_debug_moe
 from qwen3_titan_nki_moe import constraints, override_imports
 from qwen3_titan_nki_moe.overrides import (
     KERNEL_OVERRIDES,
@@ -205,22 +205,10 @@ def test_the_kernels_flag_reaches_every_override_config(mode, reason, monkeypatc
     # The real path: torchtitan parses the command line, the trainer's preparation fills the
     # override entries, torchtitan's apply_overrides hands them to the factories.
     from qwen3_titan_nki_moe.trainer import prepare_kernels
-    from torchtitan.config.manager import ConfigManager
     from torchtitan.config.override import apply_overrides
 
     monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
-    config = ConfigManager().parse_args(
-        [
-            "--module",
-            "qwen3_titan_nki_moe",
-            "--config",
-            "debug_moe",
-            "--kernels",
-            mode,
-            "--training.seq_len",
-            "512",
-        ]
-    )
+    config = parse_debug_moe("--kernels", mode, "--training.seq_len", "512")
     logged = prepare_kernels(config)
     replaced = apply_overrides(config.override, config)
     assert len(replaced) == 11 and all(f"with kernels={mode!r}, kernel_shape=" in line for line in replaced)

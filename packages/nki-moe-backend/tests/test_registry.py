@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import torch
+from nki_moe_models import DEBUG_MOE_SHAPE, kernel_shape
 from qwen3_titan_common.runtime.device import DeviceInfo, detect_device
 from qwen3_titan_nki_moe import constraints, registry
 from qwen3_titan_nki_moe.ops import grouped_swiglu as grouped_swiglu_ops
@@ -45,16 +46,7 @@ def tmp_module(tmp_path, monkeypatch):
 
 
 def _shape(**changes):
-    base = dict(
-        seq_len=256,
-        head_dim=64,
-        hidden_size=256,
-        rope_cache_len=2048,
-        lnc=2,
-        num_experts=8,
-        moe_intermediate_size=256,
-    )
-    return constraints.KernelShape(**{**base, **changes})
+    return kernel_shape(DEBUG_MOE_SHAPE, **changes)
 
 
 def test_one_line_per_op_with_the_reason(no_forced_device):

@@ -3,7 +3,8 @@
 ``train [launcher flags] [torchtitan flags]`` runs the upstream recipe's torchrun command (``plan``);
 every flag the launcher does not own is passed to torchtitan unchanged. ``--print-cmd`` prints that
 command instead of running it, ``--list-configs`` lists the backend's config functions, ``--dry-run``
-checks a layout of any size on this machine with torchtitan's fake process group.
+checks a layout of any size on this machine with torchtitan's fake process group, ``--print-sbatch``
+prints a Slurm batch script that runs the command on every node (``sbatch``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
         if opts.print_cmd:
             print(plan.shell_line())
             return 0
+        if opts.print_sbatch:
+            from qwen3_titan_common.cli.sbatch import print_sbatch
+
+            return print_sbatch(backend, opts, plan, argv)
         # The run's config, parsed once, and every check that needs no rank, before torchrun starts.
         return start_run(backend, plan, dry_run=opts.dry_run, show_traceback=opts.show_traceback)
     except UserInputError as err:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from qwen3_titan_common.cli.config_names import list_config_functions
+from qwen3_titan_common.cli.elastic import restart_env_updates, torchrun_flags
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
@@ -50,6 +51,8 @@ class LaunchPlan:
     rdzv_endpoint: str
     passthrough: list[str]
     env_updates: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    rdzv_id: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -65,6 +68,7 @@ class LaunchPlan:
         ]
         if self.nnodes > 1:
             args += [f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}"]
+        args += torchrun_flags(self.max_restarts, self.rdzv_id)
         args += ["--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
         return args
 
@@ -130,6 +134,20 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
         help="HOST:PORT of the rendezvous, needed with --nnodes > 1",
     )  # fmt: skip
     p.add_argument(
+        "--max-restarts", "--max_restarts", dest="max_restarts", default="0", metavar="N",
+        help="torchrun restarts the workers up to N times when one fails; they resume from the newest "
+        "complete checkpoint (docs/reliability.md)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rdzv-id", "--rdzv_id", dest="rdzv_id", default=None,
+        help="rendezvous id shared by all nodes of one job (default: $SLURM_JOB_ID)",
+    )  # fmt: skip
+    p.add_argument(
+        "--print-sbatch", choices=("neuron", "cuda", "cpu"), default=None, metavar="DEVICE",
+        help="print a Slurm batch script that runs this command on --nnodes nodes of DEVICE "
+        "(neuron, cuda or cpu) and exit (examples/slurm/)",
+    )  # fmt: skip
+    p.add_argument(
         "--hf-model",
         default=None,
         metavar="DIR",
@@ -172,6 +190,12 @@ def _positive_int(value: str, flag: str) -> int:
     return number
 
 
+def _count(value: str, flag: str) -> int:
+    if not value.isdigit():
+        raise LaunchError(f"{flag}={value!r}: expected 0 or a positive integer")
+    return int(value)
+
+
 def check_config_name(module: str, config: str) -> None:
     functions = list_config_functions(module)
     if functions is None:
@@ -209,14 +233,17 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
     endpoint = _cluster_default(opts.rdzv_endpoint, "RDZV_ENDPOINT")
     if endpoint is None and os.environ.get("MASTER_ADDR") and nnodes > 1:
         endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
-    if nnodes > 1 and endpoint is None and not opts.dry_run:
+    if nnodes > 1 and endpoint is None and not (opts.dry_run or opts.print_sbatch):
         raise LaunchError(
             f"--nnodes={nnodes} needs --rdzv-endpoint HOST:PORT (a host every machine reaches), "
             "or MASTER_ADDR/MASTER_PORT in the environment"
         )
+    max_restarts = _count(opts.max_restarts, "--max-restarts")
     if opts.nproc is not None:
         nproc = _positive_int(str(opts.nproc), "--nproc")
         env_updates = {}
+    elif opts.print_sbatch:
+        nproc, env_updates = 0, {}  # each node's own `train` counts its devices
     else:
         from qwen3_titan_common.runtime.device import detect_device
 
@@ -232,6 +259,8 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
         node_rank=node_rank,
         rdzv_endpoint=endpoint or "localhost:0",
         passthrough=[*_aliases(opts), *passthrough],
-        env_updates=env_updates,
+        env_updates={**env_updates, **restart_env_updates(max_restarts)},
+        max_restarts=max_restarts,
+        rdzv_id=_cluster_default(opts.rdzv_id, "SLURM_JOB_ID"),
     )
     return opts, plan

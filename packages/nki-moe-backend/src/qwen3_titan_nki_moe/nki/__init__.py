@@ -22,3 +22,8 @@ counts). On a machine with the Neuron repository's ``nki`` package, ``python
 tools/run_neuron_tests.py --simulate`` runs the same tests under the real ``nki.simulate``; on a
 trn2 host ``python tools/run_neuron_tests.py`` runs each op against its reference on the device.
 """
+
+
+def missing_neuron_package(needs: str, err: ImportError) -> ImportError:
+    """The one-line error for a Neuron-repository package that is absent (or PyPI's placeholder)."""
+    return ImportError(f"{needs} from the Neuron package repository (PyPI only has placeholders): {err}")

@@ -16,15 +16,14 @@ Only the ``nki`` package is needed (no ``torch_neuronx``): ``tools/run_neuron_te
 
 from __future__ import annotations
 
+from qwen3_titan_nki_moe.nki import missing_neuron_package
+
 try:
     import nki
     import nki.isa as nisa
     import nki.language as nl
 except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder package
-    raise ImportError(
-        "qwen3_titan_nki_moe's NKI kernels need the nki package from the Neuron package repository "
-        f"(PyPI's nki is a placeholder): {err}"
-    ) from err
+    raise missing_neuron_package("qwen3_titan_nki_moe's NKI kernels need the nki package", err) from err
 
 from qwen3_titan_nki_moe.kernel_limits import MOVING_MAX, PARTITIONS
 

@@ -6,13 +6,13 @@ built once (``qwen3_titan_nki_moe.kernel_launch``): ``wrap_nki(kernel)[(lnc,)]``
 
 from __future__ import annotations
 
+from qwen3_titan_nki_moe.nki import missing_neuron_package
+
 try:
     from torch_neuronx import nki_op, wrap_nki
-except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages
-    raise ImportError(
-        "qwen3_titan_nki_moe.nki needs torch-neuronx and nki from the Neuron package repository "
-        f"(PyPI only has placeholders); the kernel registry imports it only on a Neuron host: {err}"
-    ) from err
+except ImportError as err:  # CPU/CUDA hosts, or PyPI's placeholder packages; the registry imports
+    # this module only on a Neuron host.
+    raise missing_neuron_package("qwen3_titan_nki_moe.nki needs torch-neuronx and nki", err) from err
 
 from qwen3_titan_common.runtime.neuron_env import logical_core_size
 

@@ -11,6 +11,7 @@ from torch import Tensor
 from qwen3_titan_nki_moe import kernel_limits
 from qwen3_titan_nki_moe.nki._sdk import launch, logical_core_size, nki_op, on_neuron
 from qwen3_titan_nki_moe.nki.rms_norm_kernel import rms_norm_bwd_kernel, rms_norm_fwd_kernel
+from qwen3_titan_nki_moe.ops.rms_norm import register_rms_norm_autograd
 
 
 def fits(x: Tensor, weight: Tensor) -> bool:
@@ -42,19 +43,7 @@ def rms_norm_backward_op(grad: Tensor, x: Tensor, weight: Tensor, eps: float) ->
     return grad_x.reshape(x.shape), grad_w_parts.sum(0).to(weight.dtype)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
-
-
-def _backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    grad_x, grad_w = rms_norm_backward_op(grad, x, weight, ctx.eps)
-    return grad_x, grad_w, None
-
-
-rms_norm_op.register_autograd(_backward, setup_context=_setup_context)
+register_rms_norm_autograd(rms_norm_op, rms_norm_backward_op)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

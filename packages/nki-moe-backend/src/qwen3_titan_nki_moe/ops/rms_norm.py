@@ -45,16 +45,23 @@ def _(grad, x, weight, eps):
     return torch.empty_like(x), torch.empty_like(weight)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+def register_rms_norm_autograd(forward_op, backward_op) -> None:
+    """``forward_op(x, weight, eps)``'s autograd: ``backward_op(grad, x, weight, eps) -> (grad_x, grad_weight)``.
+
+    The reference op and the NKI kernel share it: only their backward op differs.
+    """
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, eps = inputs
+        ctx.save_for_backward(x, weight)
+        ctx.eps = eps
+
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_x, grad_weight = backward_op(grad, x, weight, ctx.eps)
+        return grad_x, grad_weight, None
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
 
 
-def _backward(ctx, grad):
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.qwen3_titan.rms_norm_backward(grad, x, weight, ctx.eps)
-    return grad_x, grad_weight, None
-
-
-rms_norm.register_autograd(_backward, setup_context=_setup_context)
+register_rms_norm_autograd(rms_norm, torch.ops.qwen3_titan.rms_norm_backward)
