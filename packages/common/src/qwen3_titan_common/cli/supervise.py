@@ -254,6 +254,13 @@ def _interrupted_line(summary: ErrorSummary, context: RunContext | None) -> str:
     )
 
 
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
 def _failure_line(summary: ErrorSummary, context: RunContext | None, returncode: int) -> str:
     where = f"; the full log is in {context.log_path}" if context is not None else ""
     show = (
@@ -264,7 +271,7 @@ def _failure_line(summary: ErrorSummary, context: RunContext | None, returncode:
     code = summary.cause_exitcode
     rank = f"rank {summary.cause_rank}" if summary.cause_rank is not None else "a rank"
     if code is not None and code < 0:
-        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        name = _signal_name(-code)
         oom = " (out of memory?)" if -code == signal.SIGKILL else ""
         return f"{rank} was killed by {name}{oom}{where}{show}"
     if summary.last_exception is not None:

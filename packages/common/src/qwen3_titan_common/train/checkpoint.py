@@ -117,8 +117,9 @@ class Qwen3CheckpointManager(CheckpointManager):
                 ) from None
             raise
 
-    def _load(self, step: int = -1) -> bool:
-        loaded = super()._load(step)
+    def load(self, step: int = -1) -> bool:
+        # The public entry point (upstream's guard runs in super().load); its `_load` hook is private.
+        loaded = super().load(step)
         if loaded:
             bad = first_non_finite(self.export_model_parts)
             if bad is not None:
