@@ -14,6 +14,7 @@ import sys
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
+from qwen3_titan_common.cli.interrupts import notice_interrupts
 from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
 from qwen3_titan_common.cli.start_run import start_run
 from qwen3_titan_common.cli.supervise import SHOW_TRACEBACK_ENV
@@ -33,6 +34,7 @@ def _list_configs(module: str) -> int:
 
 def run(backend: Backend, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    notice_interrupts()
     try:
         opts, plan = plan_launch(backend, argv)
         if opts.list_configs:

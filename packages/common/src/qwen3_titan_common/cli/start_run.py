@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen3_titan_common.cli.interrupts import raise_if_interrupted
 from qwen3_titan_common.cli.launch_checks import check_before_launch
 from qwen3_titan_common.cli.plan import Backend, LaunchPlan
 from qwen3_titan_common.cli.supervise import RunContext, SupervisedRun, torchrun_executable
@@ -44,12 +45,14 @@ def _keep_rank_logs(source: Path, destination: Path) -> None:
 def start_run(
     backend: Backend, plan: LaunchPlan, *, dry_run: bool = False, show_traceback: bool = False
 ) -> int:
+    raise_if_interrupted()
     if dry_run:
         from qwen3_titan_common.cli.dry_run import dry_run as run_dry
         from qwen3_titan_common.cli.dry_run import fake_rank_env
 
         fake_rank_env(plan)
         checked = check_before_launch(backend, plan, dry_run=True)
+        raise_if_interrupted()
         return run_dry(plan, checked.config, checked.pending)
     rank_logs = Path(tempfile.mkdtemp(prefix="qwen3-titan-ranks-"))
     command = _with_rank_logs([torchrun_executable(), *plan.command()[1:]], rank_logs)
@@ -59,6 +62,7 @@ def start_run(
     run = SupervisedRun(command, env) if "torchtitan.trainer" not in sys.modules else None
     try:
         checked = check_before_launch(backend, plan)
+        raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher checked
         lock = DumpFolderLock(checked.dump_folder)
         lock.acquire()
     except BaseException:  # an input error, or Ctrl-C while checking: the ranks have written nothing
