@@ -29,14 +29,25 @@ def test_versions_are_checked_from_the_package_metadata(monkeypatch, caplog):
     assert "torch 2.11.0+cu130 is installed; qwen3-titan is tested with torch 2.14" in caplog.text
 
 
-def test_cpu_device_replaces_what_torchtitan_reads_at_import():
+def test_cpu_device_replaces_what_torchtitan_reads_at_import(caplog):
+    import math
+
     import torchtitan.tools.utils as titan_utils
 
     # The two globals torchtitan's modules copy at import: the seam relies on their names.
     assert hasattr(titan_utils, "device_type") and hasattr(titan_utils, "device_module")
-    fake = types.SimpleNamespace(device_type="cuda", device_module=torch.cuda)
+    upstream_peak = titan_utils.get_peak_flops
+    if titan_utils.device_type == "cpu":  # this process's torchtitan already went through the seam
+        upstream_peak = upstream_peak.__closure__[0].cell_contents
+    fake = types.SimpleNamespace(device_type="cuda", device_module=torch.cuda, get_peak_flops=upstream_peak)
     compat.use_cpu_device(fake)
     assert fake.device_type == "cpu" and fake.device_module is compat.CpuDeviceModule
+    # The CPU has no peak, and asking torchtitan (lspci, then an A100 fallback) would warn twice.
+    with caplog.at_level(logging.WARNING):
+        assert math.isnan(fake.get_peak_flops(compat.CpuDeviceModule.get_device_name()))
+    assert caplog.records == []
+    # Other device names still get torchtitan's table.
+    assert fake.get_peak_flops("NVIDIA H200") == upstream_peak("NVIDIA H200") == 989e12
     # torchtitan's profiler and memory monitor call these on device_module.
     stats = compat.CpuDeviceModule.memory_stats()
     assert stats["reserved_bytes.all.peak"] > 0 and compat.CpuDeviceModule.memory._snapshot() == {}

@@ -67,4 +67,8 @@ def test_upstream_form_trains_on_cpu(tmp_path):
     command += ["--training.steps", "2", "--checkpoint.no-enable", "--dump_folder", str(tmp_path / "o")]
     proc = subprocess.run(command, cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(parse_step_lines(proc.stdout + proc.stderr)) == 2
+    log = proc.stdout + proc.stderr
+    assert len(parse_step_lines(log)) == 2
+    # No launcher to print it: the rank logs the summary itself.
+    assert "[summary] done: steps 1-2 of 2" in log
+    assert "[summary] resume:     no step checkpoint (--checkpoint.no-enable): a rerun starts over" in log

@@ -23,7 +23,8 @@ def test_configs_pick_the_trainer_and_list_the_kernel_overrides(name):
     assert type(config) is NkiMoETrainer.Config
     assert config.override.imports == list(KERNEL_OVERRIDES)
     assert config.kernels == "auto"
-    assert config.model_spec.state_dict_adapter.__name__ == "Qwen3StateDictAdapter"
+    # torchtitan's Qwen3 checkpoint names (common's subclass only skips a missing shard index).
+    assert "Qwen3StateDictAdapter" in [c.__name__ for c in config.model_spec.state_dict_adapter.__mro__]
 
 
 def test_debug_moe_is_tiny_and_matches_the_embedded_tokenizer():
@@ -86,4 +87,5 @@ def test_cuda_graphs_go_off_only_where_the_experts_loop_on_the_host(monkeypatch)
     config = debug_moe()
     config.training.mixed_precision_param = "float32"
     config = NkiMoETrainer.capturable(config)
-    assert config.training.disable_cuda_graphs is False  # no CUDA graphs on a CPU anyway
+    # Off on a CPU too, by config: torchtitan would otherwise warn that it runs eagerly there.
+    assert config.training.disable_cuda_graphs is True

@@ -14,7 +14,8 @@ The seams:
 
 - :class:`CpuDeviceModule` and :func:`use_cpu_device`: torchtitan 0.3.0 has no CPU device; its
   ``torchtitan.tools.utils`` decides ``device_type``/``device_module`` at import, and we replace both
-  right after that module executes (``runtime.device_autoload``), before anything copies them.
+  right after that module executes (``runtime.device_autoload``), before anything copies them; its
+  ``get_peak_flops`` learns that the CPU has no peak (otherwise: ``lspci`` and an A100 fallback, warned).
 - :func:`registered_override`, :func:`registered_override_names`: torchtitan keeps ``@override``
   factories in ``torchtitan.config.override._REGISTRY`` and has no public lookup.
 - :func:`init_computed_buffers`: the RoPE caches of a model built on the meta device are filled by
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
 import resource
 import sys
@@ -148,10 +150,28 @@ class CpuDeviceModule:
     )
 
 
+def _without_a_cpu_peak(get_peak_flops):
+    """torchtitan's peak-FLOPs lookup, answering NaN (no peak) for the CPU device.
+
+    torchtitan's ``get_peak_flops`` runs ``lspci`` first (absent from most containers: a warning) and then,
+    knowing no CPU, returns the A100's peak with a second warning; both are printed twice per run (its
+    ``MetricsProcessor`` and its ``Trainer`` each ask). The CPU has no meaningful peak: MFU is not reported.
+    """
+
+    def peak_flops(device_name: str) -> float:
+        if device_name == CpuDeviceModule.get_device_name():
+            return math.nan
+        return get_peak_flops(device_name)
+
+    return peak_flops
+
+
 def use_cpu_device(titan_utils_module) -> None:
-    """Point ``torchtitan.tools.utils``'s import-time device globals at the CPU (right after it executes)."""
+    """Point ``torchtitan.tools.utils``'s import-time device globals, and its peak-FLOPs lookup, at the CPU
+    (right after it executes)."""
     titan_utils_module.device_type = "cpu"
     titan_utils_module.device_module = CpuDeviceModule
+    titan_utils_module.get_peak_flops = _without_a_cpu_peak(titan_utils_module.get_peak_flops)
 
 
 # -- torchtitan's override registry ----------------------------------------------------------------

@@ -22,6 +22,7 @@ import torch
 from qwen3_titan_common.compat import hf_storage_reader_with_aliases
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import EMBED, LM_HEAD
+from qwen3_titan_common.models.state_dict_adapter import with_shard_index
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
@@ -58,7 +59,10 @@ def fuse_experts(prefix: str, experts: dict[int, dict[str, torch.Tensor]]) -> di
 
 class HFv5StateDictAdapter(StateDictAdapter):
     def __init__(self, model_config, hf_assets_path: str | None):
-        super().__init__(model_config, hf_assets_path)
+        # The shard index only where there is one: torchtitan warns about every folder without (see
+        # qwen3_titan_common.models.state_dict_adapter); the path itself stays for its HF reader.
+        super().__init__(model_config, with_shard_index(hf_assets_path))
+        self.hf_assets_path = hf_assets_path
         self.tied = model_config.tie_word_embeddings
         # Mesh and placements of sharded fused experts, seen by to_hf, restored by from_hf.
         self._expert_layouts: dict[str, tuple[Any, tuple]] = {}

@@ -10,15 +10,19 @@ prints a Slurm batch script that runs the command on every node (``sbatch``).
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+import time
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
 from qwen3_titan_common.cli.interrupts import notice_interrupts
 from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
+from qwen3_titan_common.cli.run_summary import print_summary, summary_file, user_command
 from qwen3_titan_common.cli.start_run import start_run
 from qwen3_titan_common.cli.supervise import SHOW_TRACEBACK_ENV
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.train.summary import COMMAND_ENV
 
 
 def _list_configs(module: str) -> int:
@@ -34,6 +38,10 @@ def _list_configs(module: str) -> int:
 
 def run(backend: Backend, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in argv or "--help" in argv:
+        from qwen3_titan_common.cli.help import print_help
+
+        return print_help(backend, argv)
     notice_interrupts()
     try:
         opts, plan = plan_launch(backend, argv)
@@ -42,6 +50,8 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
         check_config_name(plan.module, plan.config)
         check_model_dir(plan.passthrough)
         if opts.print_cmd:
+            for line in plan.knob_mapping:
+                print(line, file=sys.stderr)
             print(plan.shell_line())
             return 0
         if opts.print_sbatch:
@@ -49,7 +59,18 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
 
             return print_sbatch(backend, opts, plan, argv)
         # The run's config, parsed once, and every check that needs no rank, before torchrun starts.
-        return start_run(backend, plan, dry_run=opts.dry_run, show_traceback=opts.show_traceback)
+        if opts.dry_run:
+            return start_run(backend, plan, dry_run=True, show_traceback=opts.show_traceback)
+        started = time.monotonic()
+        with summary_file() as summary_env:
+            # The command as typed, for the exports' model cards (train.run_card).
+            typed = {COMMAND_ENV: shlex.join(user_command(argv))}
+            returncode = start_run(
+                backend, plan, show_traceback=opts.show_traceback, extra_env={**summary_env, **typed}
+            )
+            if returncode == 0:
+                print_summary(summary_env, argv, started)
+        return returncode
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
@@ -84,4 +105,5 @@ def main() -> None:
     if backend is None:
         print(f"train: {why}", file=sys.stderr)
         sys.exit(2)
+    print(f"[train] backend: {backend.distribution} ({why})", file=sys.stderr)
     sys.exit(run(backend, argv))

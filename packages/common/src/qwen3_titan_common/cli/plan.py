@@ -21,6 +21,7 @@ from typing import Any
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.elastic import restart_env_updates, torchrun_flags
+from qwen3_titan_common.cli.knobs import add_knob_arguments, knob_flags, mapping_lines, titan_args
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
@@ -53,6 +54,8 @@ class LaunchPlan:
     env_updates: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0
     rdzv_id: str | None = None
+    # The launcher's short flags and the torchtitan flags they became (cli.knobs), for --print-cmd.
+    knob_mapping: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -90,7 +93,7 @@ class _OneLineParser(argparse.ArgumentParser):
         raise LaunchError(f"{message} (train --help lists the launcher's flags)")
 
 
-def _parser(backend: Backend) -> argparse.ArgumentParser:
+def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
     p = _OneLineParser(
         prog="train",
         description=(
@@ -98,6 +101,11 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
             "Flags not listed here go to torchtitan unchanged, e.g. --training.steps 5."
         ),
         allow_abbrev=False,
+        # --help shows torchtitan's flags of the chosen config too (cli.help).
+        add_help=False,
+    )
+    p.add_argument(
+        "-h", "--help", action="store_true", help="show the launcher's and torchtitan's flags and exit"
     )
     p.add_argument("--module", default=backend.module, help=f"torchtitan module (default: {backend.module})")
     p.add_argument(
@@ -158,6 +166,7 @@ def _parser(backend: Backend) -> argparse.ArgumentParser:
         action="store_true",
         help="show a failed rank's traceback and torchrun's report live (always kept in the run's log file)",
     )
+    add_knob_arguments(p)
     return p
 
 
@@ -225,7 +234,8 @@ def check_model_dir(titan_args: list[str]) -> None:
 
 
 def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, LaunchPlan]:
-    opts, passthrough = _parser(backend).parse_known_args(argv)
+    opts, passthrough = launcher_parser(backend).parse_known_args(argv)
+    knobs = knob_flags(opts, passthrough)
     nnodes = _positive_int(_cluster_default(opts.nnodes, "NNODES", "SLURM_NNODES") or "1", "--nnodes")
     node_rank = int(_cluster_default(opts.node_rank, "NODE_RANK", "SLURM_NODEID") or "0")
     if not 0 <= node_rank < nnodes:
@@ -258,9 +268,10 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
         nnodes=nnodes,
         node_rank=node_rank,
         rdzv_endpoint=endpoint or "localhost:0",
-        passthrough=[*_aliases(opts), *passthrough],
+        passthrough=[*_aliases(opts), *titan_args(knobs), *passthrough],
         env_updates={**env_updates, **restart_env_updates(max_restarts)},
         max_restarts=max_restarts,
         rdzv_id=_cluster_default(opts.rdzv_id, "SLURM_JOB_ID"),
+        knob_mapping=mapping_lines(knobs),
     )
     return opts, plan

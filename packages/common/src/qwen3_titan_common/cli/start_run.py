@@ -43,8 +43,14 @@ def _keep_rank_logs(source: Path, destination: Path) -> None:
 
 
 def start_run(
-    backend: Backend, plan: LaunchPlan, *, dry_run: bool = False, show_traceback: bool = False
+    backend: Backend,
+    plan: LaunchPlan,
+    *,
+    dry_run: bool = False,
+    show_traceback: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> int:
+    """``extra_env``: more for the ranks' environment (the end-of-run summary's file, the typed command)."""
     raise_if_interrupted()
     if dry_run:
         from qwen3_titan_common.cli.dry_run import dry_run as run_dry
@@ -56,7 +62,7 @@ def start_run(
         return run_dry(plan, checked.config, checked.pending)
     rank_logs = Path(tempfile.mkdtemp(prefix="qwen3-titan-ranks-"))
     command = _with_rank_logs([torchrun_executable(), *plan.command()[1:]], rank_logs)
-    env = {**os.environ, **plan.env_updates, HELD_ENV: "1"}
+    env = {**os.environ, **plan.env_updates, **(extra_env or {}), HELD_ENV: "1"}
     # Early, with the ranks gated, only when the checks cost torchtitan's import; a launcher that has
     # imported it already (a warm process) checks in a fraction of a second and starts torchrun after.
     run = SupervisedRun(command, env) if "torchtitan.trainer" not in sys.modules else None

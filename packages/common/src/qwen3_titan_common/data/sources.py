@@ -25,6 +25,7 @@ import numpy as np
 
 from qwen3_titan_common.assets import default_corpus_path
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.perf.progress import Phase
 
 DEFAULT_DATASET = "default"
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -226,13 +227,15 @@ class JsonlFile:
             raise DatasetError(problem)
         offsets, line_numbers, lengths = [], [], []
         offset = 0
-        with open(path, "rb") as f:
+        # A pass over the whole file: minutes for tens of GB, shown past 5 s.
+        with open(path, "rb") as f, Phase(f"indexing {name}", total=path.stat().st_size, unit="B") as phase:
             for number, (length, blank) in enumerate(_line_spans(f), start=1):
                 if not blank:
                     offsets.append(offset)
                     line_numbers.append(number)
                     lengths.append(length)
                 offset += length
+                phase.advance(length)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self._line_numbers = np.asarray(line_numbers, dtype=np.int64)
         self._lengths = np.asarray(lengths, dtype=np.int64)

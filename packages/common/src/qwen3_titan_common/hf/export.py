@@ -27,8 +27,10 @@ from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.export_guard import check_replaceable, write_export_marker
+from qwen3_titan_common.hf.model_card import CARD_NAME
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, TOKENIZER_FILES
 from qwen3_titan_common.hf.shard_plan import index_json, plan_shards
+from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -74,6 +76,7 @@ class ExportSpec:
     # The tensors the export will receive (HF key -> shape), in the order they come; the files
     # are planned from it. None: the architecture's in ``config``, without a tied lm_head.
     shapes: Mapping[str, tuple[int, ...]] | None = None
+    model_card: str | None = None  # README.md (hf.model_card)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -191,11 +194,15 @@ def export_hf_dir(
     tmp_dir.mkdir()
     try:
         writer = _ShardWriter(tmp_dir, plan, shapes, spec.dtype)
-        for key, tensor in tensors:
-            writer.add(key, tensor)
+        with Phase(f"export to {out_dir}", total=plan.metadata["total_size"], unit="B") as phase:
+            for key, tensor in tensors:
+                writer.add(key, tensor)
+                phase.advance(tensor.numel() * spec.dtype.itemsize)
         writer.finish(f"export {out_dir}")
         (tmp_dir / CONFIG_NAME).write_text(json.dumps(_export_config(spec), indent=2, sort_keys=True) + "\n")
         _copy_assets(spec.assets_dir, tmp_dir)
+        if spec.model_card is not None:
+            (tmp_dir / CARD_NAME).write_text(spec.model_card)
         write_export_marker(tmp_dir, [f.name for f in tmp_dir.iterdir()])
         _replace_dir(tmp_dir, out_dir)
     except BaseException as err:

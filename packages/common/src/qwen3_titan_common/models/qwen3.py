@@ -30,12 +30,12 @@ from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.param_init import skip_param_init
 from torchtitan.models.qwen3 import parallelize_qwen3
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
-from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
 from qwen3_titan_common.models.init import INIT_STD, residual_init_std
+from qwen3_titan_common.models.state_dict_adapter import Qwen3TitanStateDictAdapter
 from qwen3_titan_common.perf.flops import FlopsConvention
 from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
 
@@ -185,5 +185,5 @@ def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
         parallelize_fn=reducing_over_gloo_with_sum(parallelize_qwen3),
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
-        state_dict_adapter=Qwen3StateDictAdapter,
+        state_dict_adapter=Qwen3TitanStateDictAdapter,
     )

@@ -1,16 +1,17 @@
 """torchtitan's MetricsProcessor with the project's step line and Trainium's peak.
 
-    step: 12  loss: 6.01553  grad_norm: 0.97  tps: 4,873  tflops: 0.14  mfu: n/a  memory: 1.26GiB (host RSS)
+    step: 12/30  loss: 6.01553  grad_norm: 0.97  tps: 4,873  tflops: 0.14  mfu: n/a  memory: 1.26GiB (host RSS)  eta: 4s
 
 torchtitan's ``log`` still computes and sends every key it knows (``memory/max_reserved(GiB)``,
 ``memory/num_alloc_retries``, ``time_metrics/data_loading(%)``, ...) to TensorBoard and W&B; this
 subclass adds its own keys to them and prints the line above instead of torchtitan's (tools and
-tests read it back, ``perf.train_log``). Fields, always in this order: step, loss, grad norm,
+tests read it back, ``perf.train_log``). Fields, always in this order: step/total steps, loss, grad norm,
 tokens/s per device, TFLOP/s per device (FLOPs per token as the model config counts them,
 ``perf.flops``), MFU against the device's peak (torchtitan's table; ``perf.peaks`` for Trainium; n/a
 on the CPU and, as in torchtitan, when the run is quantized), peak memory with its source (CUDA
-allocator reserved, Neuron device memory, or host RSS on CPU). TensorBoard is on by default
-(``<dump_folder>/tb``).
+allocator reserved, Neuron device memory, or host RSS on CPU), time left at the pace of the steps after the
+first (``perf.run_progress``, which also keeps the figures of the end-of-run summary). TensorBoard is on by
+default (``<dump_folder>/tb``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.perf.peaks import peak_flops
+from qwen3_titan_common.perf.progress import format_duration
+from qwen3_titan_common.perf.run_progress import RunProgress
 
 GIB = 1024**3
 MEMORY_SOURCES = {"cuda": "CUDA allocator reserved", "neuron": "Neuron device memory", "cpu": "host RSS"}
@@ -69,6 +72,9 @@ class Qwen3Metrics(MetricsProcessor):
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
+        # The run's config as torchtitan hands it to the metric loggers: the one place it reaches us.
+        training = (kwargs.get("config_dict") or {}).get("training") or {}
+        self.progress = RunProgress(total_steps=int(training.get("steps") or 0))
         self.device_kind = titan_utils.device_type
         name = str(self.device_memory_monitor.device_name)
         peak, self.peak_source = peak_flops(self.device_kind, name, titan_peak=self.gpu_peak_flops)
@@ -97,20 +103,28 @@ class Qwen3Metrics(MetricsProcessor):
     ):
         seconds = time.perf_counter() - self.time_last_log
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
+        # Each data-parallel (and context-parallel) rank counts its own tokens; TP and PP ranks share theirs.
+        dims = self.parallel_dims
+        all_ranks_tokens = self.ntokens_since_last_log * dims.world_size // (dims.tp * dims.pp)
         tflops = self.num_flops_per_token * tps / 1e12
         mfu = None
         if not (self.has_quantization or math.isnan(self.gpu_peak_flops)):
             mfu = 100 * tflops * 1e12 / self.gpu_peak_flops
         memory = self._peak_memory_gib()
+        self.progress.record(step, global_avg_loss, all_ranks_tokens, seconds, memory)
+        eta = self.progress.eta_seconds()
         ours = {"memory/peak(GiB)": memory, **(extra_metrics or {})}
         with _without_info_lines():
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
         color = self.color
         mfu_text = f"{mfu:.2f}%" if mfu is not None else "n/a"
         memory_text = f"{memory:.2f}GiB" if memory >= 0 else "n/a"
+        total = self.progress.total_steps
+        step_text = f"{step:{len(str(total))}}/{total}" if total else f"{step:2}"
         logger.info(
-            f"{color.red}step: {step:2}  {color.green}loss: {global_avg_loss:8.5f}  "
+            f"{color.red}step: {step_text}  {color.green}loss: {global_avg_loss:8.5f}  "
             f"{color.orange}grad_norm: {grad_norm:7.4f}  {color.blue}tps: {round(tps):,}  "
             f"{color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
-            f"{color.turquoise}memory: {memory_text} ({self.memory_source}){color.reset}"
+            f"{color.turquoise}memory: {memory_text} ({self.memory_source})  "
+            f"{color.white}eta: {format_duration(eta) if eta is not None else '--'}{color.reset}"
         )

@@ -6,7 +6,8 @@ import re
 from dataclasses import dataclass
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+_STEP = re.compile(r"step:\s*(\d+)(?:/(\d+))?\s+loss:\s*([-+0-9.eE]+|nan|inf)")
+_ETA = re.compile(r"eta:\s*(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:\s|$)")
 _FIELD = {
     "tps": re.compile(r"tps:\s*([0-9,]+)"),
     "tflops": re.compile(r"tflops:\s*([0-9,.]+)"),
@@ -23,11 +24,21 @@ class StepLine:
     memory_gib: float | None
     tflops: float | None = None
     mfu_percent: float | None = None
+    total_steps: int | None = None
+    eta_seconds: int | None = None
 
 
 def _field(name: str, line: str) -> float | None:
     match = _FIELD[name].search(line)
     return float(match.group(1).replace(",", "")) if match else None
+
+
+def _eta(line: str) -> int | None:
+    match = _ETA.search(line)
+    if not match or not any(match.groups()):
+        return None  # "eta: --": not known yet
+    hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return 3600 * hours + 60 * minutes + seconds
 
 
 def parse_step_lines(log: str) -> list[StepLine]:
@@ -39,11 +50,13 @@ def parse_step_lines(log: str) -> list[StepLine]:
             steps.append(
                 StepLine(
                     step=int(match.group(1)),
-                    loss=float(match.group(2)),
+                    loss=float(match.group(3)),
                     tokens_per_second=int(tps),
                     memory_gib=_field("memory", line),
                     tflops=_field("tflops", line),
                     mfu_percent=_field("mfu", line),
+                    total_steps=int(match.group(2)) if match.group(2) else None,
+                    eta_seconds=_eta(line),
                 )
             )
     return steps

@@ -90,7 +90,9 @@ def detect_device() -> DeviceInfo:
         )
     if forced == "cuda":
         raise RuntimeError(f"{FORCE_DEVICE_ENV}=cuda but torch.cuda.is_available() is False")
-    return _cpu_info("no Neuron or CUDA device found")
+    from qwen3_titan_common.runtime.neuron_sdk import missing_sdk_note
+
+    return _cpu_info(missing_sdk_note() or "no Neuron or CUDA device found")
 
 
 def _neuron_name() -> str:

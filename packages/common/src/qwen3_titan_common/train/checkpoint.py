@@ -35,6 +35,7 @@ from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
 from qwen3_titan_common.hf.start import newest_complete_step
+from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 from qwen3_titan_common.train.model_record import write_model_record
 from qwen3_titan_common.train.weight_check import first_non_finite
@@ -77,6 +78,11 @@ def _local_numel(param: torch.Tensor) -> int:
 class Qwen3CheckpointManager(CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(CheckpointManager.Config):
+        initial_load_model_only: bool = False
+        """Load only the model from --checkpoint.initial_load_path (set for you by --hf.model_dir). torchtitan's
+        default, True, is warned about by its own check whenever no initial_load_path is given: every run
+        that starts from random weights or resumes its own checkpoints."""
+
         hf_export: Annotated[HFExportPlan | None, tyro.conf.Suppress] = None
         """Set by the trainer from --hf.*: where and how Hugging Face exports are written."""
 
@@ -119,7 +125,10 @@ class Qwen3CheckpointManager(CheckpointManager):
 
     def load(self, step: int = -1) -> bool:
         # The public entry point (upstream's guard runs in super().load); its `_load` hook is private.
-        loaded = super().load(step)
+        # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
+        # a line every 5 s says it is still going.
+        with Phase("loading the checkpoint before step 1"):
+            loaded = super().load(step)
         if loaded:
             bad = first_non_finite(self.export_model_parts)
             if bad is not None:
@@ -143,8 +152,9 @@ class Qwen3CheckpointManager(CheckpointManager):
             value = value.detach().to("cpu", self.hf_export.dtype)
             yield from self.export_adapter.to_hf({name: value}).items()
 
-    def export_hf(self, step: int) -> Path | None:
-        """Write the model as a Hugging Face directory; every rank calls it, rank 0 writes."""
+    def export_hf(self, step: int, card: str | None = None) -> Path | None:
+        """Write the model as a Hugging Face directory (``card``: its README.md); every rank calls it, rank 0
+        writes."""
         plan = self.hf_export
         if plan is None:
             return None
@@ -168,6 +178,7 @@ class Qwen3CheckpointManager(CheckpointManager):
                 max_shard_bytes=plan.max_shard_bytes,
                 assets_dir=plan.assets_dir,
                 tie_word_embeddings=tied,
+                model_card=card,
             )
             # The files are planned from the architecture (config.json): an adapter that drops a trained
             # tensor (upstream's HF backend loses lm_head) or adds one is refused, leaving nothing behind.

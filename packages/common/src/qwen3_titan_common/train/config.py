@@ -21,6 +21,7 @@ from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
 from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
+from qwen3_titan_common.train.outputs import OutputDefaults
 from qwen3_titan_common.train.trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
 
 
@@ -111,6 +112,7 @@ def build_trainer_config(
         architecture=arch,
         model_spec_builder=model_spec_builder,
         hf=hf or HFCheckpointConfig(),
+        output_defaults=OutputDefaults(shape.dump_folder, hf.model_dir if hf else None),
         hf_assets_path=str(assets_path),
         dump_folder=shape.dump_folder,
         metrics=Qwen3Metrics.Config(log_freq=shape.log_freq),

@@ -19,12 +19,14 @@ and when to export; the checkpoint manager (``train.checkpoint``) checks the dis
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
+import torch.distributed as dist
 import tyro
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
@@ -37,7 +39,10 @@ from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.model_record import check_model_record, model_record
+from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
 from qwen3_titan_common.train.rank_errors import rank_errors
+from qwen3_titan_common.train.run_card import run_card
+from qwen3_titan_common.train.summary import report, summary_of
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
 
@@ -60,7 +65,8 @@ class HFCheckpointConfig:
     """Tensor dtype on disk; auto = the loaded checkpoint's, float32 without one."""
 
     max_shard_size: str = "5GB"
-    """Largest safetensors shard, e.g. 5GB, 500MB."""
+    """Largest safetensors shard, e.g. 5GB, 500MB. Not transformers 5's 50GB: an export holds one shard in host
+    memory (docs/checkpoints.md); 50GB gives save_pretrained's layout."""
 
     download_hint: Annotated[str | None, tyro.conf.Suppress] = None
     """Command that fetches model_dir, quoted when the directory is missing."""
@@ -72,12 +78,15 @@ class Qwen3Trainer(Trainer):
         hf: HFCheckpointConfig = field(default_factory=HFCheckpointConfig)
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
+        output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
 
     def __init__(self, config: Config):
         from qwen3_titan_common.runtime.dump_lock import hold_in_rank
         from qwen3_titan_common.runtime.launch_gate import wait_for_launcher
+        from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
         from qwen3_titan_common.train.preflight import check_run
 
+        quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):
             self._start, config = run_config(config)
             check_run(config)
@@ -98,9 +107,14 @@ class Qwen3Trainer(Trainer):
     @classmethod
     def capturable(cls, config: Config) -> Config:
         """The run's config with torchtitan's CUDA graphs off, and one log line, where
-        :meth:`cuda_graph_blocker` names a reason; otherwise ``config`` itself."""
-        if titan_utils.device_type != "cuda" or config.training.disable_cuda_graphs:
+        :meth:`cuda_graph_blocker` names a reason; off without a line on other devices (torchtitan would
+        warn that it runs eagerly there); otherwise ``config`` itself."""
+        if config.training.disable_cuda_graphs:
             return config
+        if titan_utils.device_type != "cuda":
+            return dataclasses.replace(
+                config, training=dataclasses.replace(config.training, disable_cuda_graphs=True)
+            )
         reason = cls.cuda_graph_blocker(config)
         if reason is None:
             return config
@@ -118,13 +132,16 @@ class Qwen3Trainer(Trainer):
             and self.step % interval == 0
             and self.step != self.config.training.steps
         ):
-            self.checkpointer.export_hf(self.step)
+            self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
 
     def train(self):
         with rank_errors(lambda: self.config):
             super().train()
+            export = None
             if self.config.hf.export:
-                self.checkpointer.export_hf(self.step)
+                export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                report(summary_of(self, export), logger.info)
 
 
 def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype:
@@ -145,6 +162,12 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         raise CheckpointError(
             "Qwen3Trainer.Config needs `architecture` and `model_spec_builder` (set by config functions)"
         )
+    dump_folder = run_dump_folder(config.dump_folder, config.hf.model_dir, config.output_defaults)
+    if dump_folder != config.dump_folder:
+        logger.info(
+            f"[start] outputs go to {dump_folder}: named after --hf.model_dir (--dump_folder picks another)"
+        )
+        config = dataclasses.replace(config, dump_folder=dump_folder)
     start = plan_start(
         model_dir=config.hf.model_dir,
         checkpoint_folder=Path(config.dump_folder) / config.checkpoint.folder,
@@ -162,6 +185,10 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
             pass
     model_dir = start.model_dir
     checkpoint = config.checkpoint
+    if model_dir is None and start.kind != "resume" and checkpoint.initial_load_path:
+        # Our default for initial_load_model_only is not torchtitan's (train.checkpoint): say which applies.
+        what = "the weights" if checkpoint.initial_load_model_only else "the whole training state"
+        logger.info(f"[start] --checkpoint.initial_load_path {checkpoint.initial_load_path}: loading {what}")
     if model_dir is not None:
         architecture = model_dir.architecture
         if model_dir.has_tokenizer:

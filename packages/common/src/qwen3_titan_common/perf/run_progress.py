@@ -1,0 +1,60 @@
+"""What a run's logged steps add up to: the step line's ETA and the end-of-run summary's figures.
+
+Fed by ``Qwen3Metrics`` at every logged step with the interval since the previous one (its tokens over all
+ranks and its seconds). The first interval holds step 1's one-time costs (graph capture, compilation,
+allocator warm-up), so the ETA and the mean throughput come from the intervals after it where there are any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class RunProgress:
+    total_steps: int
+    first_step: int | None = None
+    last_step: int | None = None
+    first_loss: float | None = None
+    final_loss: float | None = None
+    tokens: int = 0
+    seconds: float = 0.0
+    steady_tokens: int = 0
+    steady_seconds: float = 0.0
+    peak_memory_gib: float | None = None
+
+    def record(self, step: int, loss: float, tokens: int, seconds: float, memory_gib: float | None) -> None:
+        if self.first_step is None:
+            self.first_step, self.first_loss = step, loss
+        else:
+            self.steady_tokens += tokens
+            self.steady_seconds += seconds
+        self.last_step, self.final_loss = step, loss
+        self.tokens += tokens
+        self.seconds += seconds
+        if memory_gib is not None and memory_gib >= 0:
+            self.peak_memory_gib = max(memory_gib, self.peak_memory_gib or 0.0)
+
+    @property
+    def steps_done(self) -> int:
+        """Steps this process trained (a resumed run starts after its checkpoint's step)."""
+        if self.last_step is None or self.first_step is None:
+            return 0
+        return self.last_step - self.first_step + 1
+
+    def seconds_per_step(self) -> float | None:
+        if self.first_step is None or self.last_step is None or self.last_step == self.first_step:
+            return None
+        return self.steady_seconds / (self.last_step - self.first_step)
+
+    def eta_seconds(self) -> float | None:
+        """Seconds to the last step at the pace of the steps after the first; None before there is one."""
+        per_step = self.seconds_per_step()
+        if per_step is None or self.last_step is None:
+            return None
+        return max(0, self.total_steps - self.last_step) * per_step
+
+    def tokens_per_second(self) -> float | None:
+        if self.steady_seconds > 0:
+            return self.steady_tokens / self.steady_seconds
+        return self.tokens / self.seconds if self.seconds > 0 else None

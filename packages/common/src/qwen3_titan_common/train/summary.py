@@ -1,0 +1,170 @@
+"""The end of a run in a few lines: how it went, where its outputs are, and the commands that come next.
+
+    [train] done: steps 1-30 of 30 in 41s; 245,760 tokens, 6,012 tokens/s; loss 8.349 -> 5.871; peak memory 1.27GiB (host RSS)
+    [train] checkpoint: outputs/native-debug/checkpoint/step-30
+    [train] export:     outputs/native-debug/hf/step-30
+    [train] resume:     uv run --package native-backend train --steps 60   (from step 30; any --steps above 30)
+    [train] verify:     uv run verify-checkpoint outputs/native-debug/hf/step-30
+    [train] load:       uv run python -c "import transformers as t; ..."
+
+Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher it writes it
+as JSON to the file the launcher named (:data:`SUMMARY_FILE_ENV`), and the launcher prints it after torchrun
+and every rank have finished, with the command the user typed and the wall time; under a bare ``torchrun``
+the rank logs the same lines itself. Nothing here imports torch: the launcher reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# What the launcher tells the ranks: where rank 0 writes the summary, and the command the user typed (which
+# the exports' model cards quote, train.run_card).
+SUMMARY_FILE_ENV = "QWEN3_TITAN_SUMMARY_FILE"
+COMMAND_ENV = "QWEN3_TITAN_COMMAND"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    first_step: int | None
+    last_step: int | None
+    total_steps: int
+    tokens: int
+    train_seconds: float
+    tokens_per_second: float | None
+    first_loss: float | None
+    final_loss: float | None
+    peak_memory_gib: float | None
+    memory_source: str
+    checkpoint: str | None  # the last step checkpoint's folder, None when checkpointing is off
+    export: str | None  # the last Hugging Face export's folder, None without one
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Atomically: the launcher reads a complete file or none."""
+        target = Path(path)
+        partial = target.with_name(target.name + ".partial")
+        partial.write_text(json.dumps(asdict(self)))
+        partial.replace(target)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> RunSummary | None:
+        try:
+            return cls(**json.loads(Path(path).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def _shown(path: str) -> str:
+    """A path relative to the working directory when it lies under it (shorter to copy)."""
+    try:
+        return str(Path(path).relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def _duration(seconds: float) -> str:
+    from qwen3_titan_common.perf.progress import format_duration
+
+    return format_duration(seconds)
+
+
+def with_steps(command: list[str], steps: int) -> list[str]:
+    """``command`` asking for ``steps`` training steps (its own --steps or --training.steps replaced)."""
+    out, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if name in ("--steps", "--training.steps"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return [*out, "--steps", str(steps)]
+
+
+def summary_lines(
+    summary: RunSummary,
+    *,
+    command: list[str] | None = None,
+    python: list[str] | None = None,
+    wall_seconds: float | None = None,
+) -> list[str]:
+    """The summary's lines. ``command``: how the run was launched (the resume line repeats it);
+    ``python``: how to run Python in this environment (``uv run python``)."""
+    s = summary
+    if s.last_step is None:
+        return ["done: no step was trained (the run had already reached --training.steps)"]
+    took = _duration(wall_seconds if wall_seconds is not None else s.train_seconds)
+    rate = f", {s.tokens_per_second:,.0f} tokens/s" if s.tokens_per_second else ""
+    memory = f"; peak memory {s.peak_memory_gib:.2f}GiB ({s.memory_source})" if s.peak_memory_gib else ""
+    loss = f"; loss {s.first_loss:.3f} -> {s.final_loss:.3f}" if s.first_loss is not None else ""
+    lines = [
+        f"done: steps {s.first_step}-{s.last_step} of {s.total_steps} in {took}; "
+        f"{s.tokens:,} tokens{rate}{loss}{memory}"
+    ]
+    if s.checkpoint:
+        lines.append(f"checkpoint: {_shown(s.checkpoint)}")
+    if s.export:
+        lines.append(f"export:     {_shown(s.export)}")
+    more = max(2 * s.last_step, s.last_step + 1)
+    if not s.checkpoint:
+        lines.append("resume:     no step checkpoint (--checkpoint.no-enable): a rerun starts over")
+    elif command:
+        lines.append(
+            f"resume:     {shlex.join(with_steps(command, more))}   "
+            f"(from step {s.last_step}; any --steps above {s.last_step})"
+        )
+    else:
+        lines.append(f"resume:     the same command with --training.steps above {s.last_step}")
+    if s.export:
+        export = _shown(s.export)
+        uv = python is not None and python[:2] == ["uv", "run"]
+        verify = ["uv", "run", "verify-checkpoint"] if uv else ["verify-checkpoint"]
+        lines.append(f"verify:     {shlex.join([*verify, export])}")
+        where = json.dumps(export)  # a Python string literal in double quotes: one shell quoting level
+        code = (
+            "import transformers as t; "
+            f"m = t.AutoModelForCausalLM.from_pretrained({where}); "
+            f"k = t.AutoTokenizer.from_pretrained({where}); "
+            'print(type(m).__name__, m.num_parameters(), "parameters,", len(k), "tokens")'
+        )
+        lines.append(f"load:       {shlex.join([*(python or ['python']), '-c', code])}")
+    return lines
+
+
+def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
+    """The summary of a finished ``Qwen3Trainer`` (its metrics' ``RunProgress``, its checkpoint folder)."""
+    metrics = trainer.metrics_processor
+    progress = metrics.progress
+    checkpointer = trainer.checkpointer
+    checkpoint = None
+    if checkpointer.enable and progress.last_step is not None:
+        checkpoint = str((Path(checkpointer.folder) / f"step-{trainer.step}").resolve())
+    return RunSummary(
+        first_step=progress.first_step,
+        last_step=progress.last_step,
+        total_steps=progress.total_steps,
+        tokens=progress.tokens,
+        train_seconds=progress.seconds,
+        tokens_per_second=progress.tokens_per_second(),
+        first_loss=progress.first_loss,
+        final_loss=progress.final_loss,
+        peak_memory_gib=progress.peak_memory_gib,
+        memory_source=metrics.memory_source,
+        checkpoint=checkpoint,
+        export=str(Path(export).resolve()) if export else None,
+    )
+
+
+def report(summary: RunSummary, log) -> None:
+    """To the launcher's file when it named one, else to ``log`` (one call per line)."""
+    path = os.environ.get(SUMMARY_FILE_ENV)
+    if path:
+        summary.write(path)
+        return
+    for line in summary_lines(summary):
+        log(f"[summary] {line}")
