@@ -51,7 +51,7 @@ _TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\):")
 # torchrun's own report of a failure (glog-style lines from torch.distributed.elastic).
 _TORCHRUN_FAILURE = re.compile(r"^[EW]\d{4} .*torch/distributed/elastic/.*(failed|closing signal|signal)")
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): ?(.*)$")
-_STEP_LINE = re.compile(r"step:\s*(\d+)\s+.*loss:")
+_STEP_LINE = re.compile(r"step:\s*(\d+)(?:/\d+)?\s+.*loss:")  # "step: 3" or "step: 3/30"
 _ROOT_CAUSE = re.compile(r"^\s*Root Cause")
 _CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
 _CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
