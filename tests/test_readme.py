@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines
+from qwen3_titan_common.train.model_record import RECORD_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv")
@@ -113,5 +114,7 @@ def test_readme_commands_in_order_on_a_fresh_copy(tmp_path):
     for words in commands[1:]:
         _run(words, clone)
     # The --hf-model run had a folder of its own: the default run's checkpoints are untouched.
-    assert sorted(p.name for p in (clone / "outputs/native-debug/checkpoint").iterdir()) == ["step-30"]
+    # (beside them, the record of the model they hold: train.model_record)
+    kept = sorted(p.name for p in (clone / "outputs/native-debug/checkpoint").iterdir())
+    assert kept == sorted([RECORD_NAME, "step-30"])
     assert (clone / "outputs/native-debug-from-native-debug-step-30/hf/step-10/README.md").is_file()

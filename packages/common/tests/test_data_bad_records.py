@@ -172,6 +172,15 @@ def test_json_array_file(tmp_path, tokenizer):
     path = tmp_path / "data.json"
     path.write_text(json.dumps([{"text": "a"}, {"text": "b"}], indent=1))
     with pytest.raises(
+        DatasetError, match=rf"^{path}: holds a JSON array, not JSON Lines; .* convert it with"
+    ):
+        _loader(tokenizer, path)
+
+
+def test_pretty_printed_json_object_file(tmp_path, tokenizer):
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps({"data": [{"text": "a"}]}, indent=1))
+    with pytest.raises(
         DatasetError, match=rf"^{path}: is not JSON Lines \(its first line is not a JSON value\)"
     ):
         _loader(tokenizer, path)

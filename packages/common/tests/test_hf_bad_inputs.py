@@ -99,7 +99,7 @@ def test_pickle_weights_are_refused_without_unpickling(single, monkeypatch):
 
 
 def test_remote_path_is_refused_with_a_download_hint():
-    _fails("s3://bucket/Qwen3-4B", CheckpointError, "s3://bucket/Qwen3-4B", "hf download")
+    _fails("s3://bucket/Qwen3-4B", CheckpointError, "s3://bucket/Qwen3-4B", "aws s3 cp --recursive")
 
 
 def test_relative_path_is_resolved(single, monkeypatch):

@@ -9,7 +9,9 @@ import pytest
 import torch
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir, parse_size
+from qwen3_titan_common.hf.export_guard import EXPORT_MARKER, ExportTargetError
 from qwen3_titan_common.hf.model_dir import open_model_dir
+from qwen3_titan_common.runtime.disk import DiskSpaceError
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -84,11 +86,27 @@ def test_existing_export_is_replaced_whole(tmp_path):
     out = _export(tmp_path, {"new": torch.ones(2)})
     assert list(load_file(out / "model.safetensors")) == ["new"]
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
+    assert json.loads((out / EXPORT_MARKER).read_text())["complete"] is True
+
+
+def test_a_directory_the_project_did_not_write_is_never_replaced(tmp_path):
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "README.md").write_text("my notes")
+    asked = []
+
+    def tensors():
+        asked.append(1)
+        yield "w", torch.ones(2)
+
+    with pytest.raises(ExportTargetError, match=r"export: exists and is not an export this project wrote"):
+        export_hf_dir(_spec(tmp_path, {"w": torch.ones(2)}), tensors())
+    assert (tmp_path / "export" / "README.md").read_text() == "my notes"
+    assert asked == [] and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_not_enough_disk_fails_early_with_numbers(tmp_path):
     with pytest.raises(
-        CheckpointError, match=r"not enough free disk space for the export: needs about .* GB free"
+        DiskSpaceError, match=r"not enough free disk space for the export: needs about .* GB free"
     ):
         export_hf_dir(_spec(tmp_path, {"w": torch.ones(2)}), [("w", torch.ones(2))], expected_bytes=10**18)
     assert list(tmp_path.iterdir()) == []
@@ -100,7 +118,8 @@ def test_free_space_is_checked_against_the_plan_before_any_tensor(tmp_path):
         yield
 
     spec = ExportSpec(out_dir=tmp_path / "export", config={}, dtype=torch.float32, shapes={"w": (10**17,)})
-    with pytest.raises(CheckpointError, match="needs about 420000000.00 GB"):
+    # 4e17 bytes of fp32 tensors, plus the margin for files beyond them
+    with pytest.raises(DiskSpaceError, match=r"needs about 440000000\.02 GB \(with margin\)"):
         export_hf_dir(spec, tensors())
     assert list(tmp_path.iterdir()) == []
 

@@ -78,9 +78,11 @@ def test_a_short_flag_and_its_long_form_together_are_refused(backend):
 
 
 def test_a_short_flag_of_the_wrong_type_is_named(backend, capsys):
-    with pytest.raises(SystemExit):
-        plan_launch(backend, ["--nproc", "1", "--lr", "fast"])
-    assert "argument --lr: invalid float value: 'fast'" in capsys.readouterr().err
+    # One line and exit 2, as every launcher error (issue 14), naming the flag and the value.
+    assert run(backend, ["--nproc", "1", "--lr", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --lr: invalid float value: 'fast'" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_print_cmd_shows_the_rewriting(backend, capsys):

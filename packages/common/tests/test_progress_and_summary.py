@@ -140,3 +140,14 @@ def test_a_run_from_another_model_dir_gets_its_own_default_folder(tmp_path):
     assert run_dump_folder("./outputs/native-debug", None, defaults) == "./outputs/native-debug"
     recipe = OutputDefaults("./outputs/native-native_qwen3_4b", str(model))
     assert run_dump_folder(recipe.dump_folder, str(Path(model)), recipe) == recipe.dump_folder
+
+
+def test_the_supervisor_reads_the_step_of_a_line_with_its_total():
+    # A Ctrl-C's one line names the last step the supervisor saw (cli.supervise), in either form.
+    from qwen3_titan_common.cli.supervise import ErrorSummary
+
+    seen = ErrorSummary()
+    seen.feed("[rank0]:[titan] - INFO - \x1b[31mstep: 27/30  \x1b[32mloss:  7.1  eta: 2s")
+    assert seen.last_step == 27
+    seen.feed("[rank0]:[titan] - INFO - step: 28  loss:  7.0")
+    assert seen.last_step == 28

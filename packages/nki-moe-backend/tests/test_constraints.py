@@ -111,21 +111,31 @@ def test_trainer_preparation_fails_fast_for_nki_on_any_device(monkeypatch):
         prepare_kernels(config)
 
 
+def _precheck(argv: list[str]) -> str | None:
+    """nki_precheck on the config the launcher parses once for all its checks."""
+    from qwen3_titan_common.cli.launch_checks import parse_run_config
+    from qwen3_titan_common.cli.plan import plan_launch
+    from qwen3_titan_nki_moe.launch import BACKEND
+
+    _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
+    return nki_precheck(parse_run_config(plan))
+
+
 def test_launcher_precheck_in_process(monkeypatch):
-    assert nki_precheck(["--training.seq_len", "1000"]) is None  # NKI not requested: no check
-    assert nki_precheck(["--kernels", "nki", "--training.seq_len", "1000"]) == (
+    assert _precheck(["--training.seq_len", "1000"]) is None  # NKI not requested: no check
+    assert _precheck(["--kernels", "nki", "--training.seq_len", "1000"]) == (
         "--training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024"
     )
     # The mode is read from the config torchtitan parses, so every spelling of the flag counts.
     # (torchtitan itself refuses EP > 1 with CUDA graphs enabled, whatever the device)
-    assert nki_precheck(
+    assert _precheck(
         ["--kernels=nki", "--parallelism.expert_parallel_degree", "3", "--training.disable_cuda_graphs"]
     ).startswith(
         "--parallelism.expert_parallel_degree 3: the NKI grouped_swiglu kernel needs a divisor of the expert count 8"
     )
-    assert nki_precheck(["--kernels", "reference", "--training.seq_len", "1000"]) is None
+    assert _precheck(["--kernels", "reference", "--training.seq_len", "1000"]) is None
     # The last of two flags wins, as in the run itself.
-    assert nki_precheck(["--kernels", "nki", "--kernels", "auto", "--training.seq_len", "1000"]) is None
+    assert _precheck(["--kernels", "nki", "--kernels", "auto", "--training.seq_len", "1000"]) is None
 
 
 def test_launcher_ends_with_one_line(tmp_path):

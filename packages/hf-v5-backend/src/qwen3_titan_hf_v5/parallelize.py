@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch.nn as nn
+from qwen3_titan_common.errors import UserInputError
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard
@@ -43,12 +44,12 @@ def check_parallelism(parallelism: ParallelismConfig) -> None:
     for name in _UNSUPPORTED:
         value = getattr(parallelism, name, 1)
         if value != 1:
-            raise ValueError(
+            raise UserInputError(
                 f"--parallelism.{name} {value}: hf-v5-backend shards with FSDP2 (data parallel) only; "
                 "use 1, or the native backend for tensor/context/pipeline/expert parallelism"
             )
     if parallelism.spmd_backend == "full_dtensor":
-        raise ValueError(
+        raise UserInputError(
             "--parallelism.spmd_backend full_dtensor: the transformers model takes plain tensors; "
             "use spmd_types (the default) or partial_dtensor"
         )

@@ -3,10 +3,10 @@
 The shared ``train`` script (``qwen3_titan_common.cli.launch:main``) finds :data:`BACKEND` through the
 ``qwen3_titan.backends`` entry point; ``python -m qwen3_titan_nki_moe.launch`` runs it directly.
 
-When the run asks for the NKI kernels (``--kernels nki``, read from the config torchtitan parses
-from the command line), the resolved config is checked against the kernels' shape rules before
-torchrun starts any rank (:func:`nki_precheck`, the backend's ``preflight``), and a broken rule
-ends the launch with one line::
+When the run asks for the NKI kernels (``--kernels nki``, read from the config the launcher parses
+once from the command line for all its checks), the resolved config is checked against the kernels'
+shape rules before torchrun starts any rank (:func:`nki_precheck`, the backend's ``preflight``), and a
+broken rule ends the launch with one line::
 
     train: --training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024
 
@@ -16,36 +16,18 @@ the same way (inside the rank, before distributed init).
 
 from __future__ import annotations
 
-import os
-from contextlib import redirect_stderr, redirect_stdout
-
 from qwen3_titan_common.cli.launch import main_for
-from qwen3_titan_common.cli.plan import Backend, LaunchError, plan_launch
-
-_NO_RUN_FLAGS = {"-h", "--help", "--list-configs"}
+from qwen3_titan_common.cli.plan import Backend
 
 
-def nki_precheck(argv: list[str]) -> str | None:
-    """The one-line error for an NKI request whose shapes the kernels cannot run, else None."""
-    if _NO_RUN_FLAGS & set(argv):
-        return None
-    try:
-        # --nproc first: the plan's device detection is not needed for a shape check.
-        _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
-    except LaunchError:
-        return None  # the launcher reports it
-    from torchtitan.config.manager import ConfigManager
+def nki_precheck(config) -> str | None:
+    """The one-line error for an NKI request whose shapes the kernels cannot run, else None.
 
+    ``config`` is the run's config as the launcher parsed it once for all its checks
+    (``qwen3_titan_common.cli.launch_checks``).
+    """
     from qwen3_titan_nki_moe import constraints
 
-    args = ["--module", plan.module, "--config", plan.config, *plan.passthrough]
-    # Quietly: torchtitan prints config warnings while parsing, and any parse error is
-    # torchtitan's to report, in the run itself.
-    with open(os.devnull, "w") as devnull, redirect_stdout(devnull), redirect_stderr(devnull):
-        try:
-            config = ConfigManager().parse_args(args)
-        except (Exception, SystemExit):
-            return None
     if getattr(config, "kernels", None) != "nki" or getattr(config, "model_spec", None) is None:
         return None
     found = constraints.violations(constraints.kernel_shape(config))

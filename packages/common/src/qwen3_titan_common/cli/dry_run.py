@@ -72,7 +72,8 @@ def _estimate(model, config, layout, model_config) -> MemoryEstimate:
     )
 
 
-def _fake_rank_env(plan: LaunchPlan) -> None:
+def fake_rank_env(plan: LaunchPlan) -> None:
+    """Rank 0 of the planned job, on torchtitan's fake process group; set before the config is parsed."""
     os.environ.update(
         {
             "NGPU": str(plan.world_size),
@@ -86,25 +87,13 @@ def _fake_rank_env(plan: LaunchPlan) -> None:
     )
 
 
-def _parse_config(plan: LaunchPlan):
-    from torchtitan.config import ConfigManager
-
-    args = [*plan.titan_args(), "--comm.mode", "fake_backend", "--compile.no-enable"]
-    return ConfigManager().parse_args(args)
-
-
-def dry_run(plan: LaunchPlan) -> int:
-    _fake_rank_env(plan)
-    from qwen3_titan_common.runtime.device_autoload import ensure_installed
-
-    ensure_installed()
+def dry_run(plan: LaunchPlan, config, pending: tuple[str, ...] = ()) -> int:
+    """Lay out and shard rank 0 of ``plan`` with ``config`` (parsed and checked by ``cli.launch_checks``
+    after :func:`fake_rank_env`). ``pending``: what the checks could not confirm on this machine."""
     import torch
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.parallel_dims import ParallelDims
 
-    from qwen3_titan_common.train.lora import with_lora
-
-    config = with_lora(_parse_config(plan))
     try:
         layout = resolve_layout(config.parallelism, plan.world_size)
     except LayoutError as err:
@@ -153,7 +142,13 @@ def dry_run(plan: LaunchPlan) -> int:
         f" (batch {config.training.local_batch_size} x seq {config.training.seq_len}); "
         f"total ~{estimate.total_bytes / GIB:.2f} GiB"
     )
-    print(f"[dry-run] ok: {plan.world_size} ranks ({plan.nnodes} node(s) x {plan.nproc_per_node})")
+    ranks = f"{plan.world_size} ranks ({plan.nnodes} node(s) x {plan.nproc_per_node})"
+    if pending:
+        for note in pending:
+            print(f"[dry-run] not on this machine: {note}")
+        print(f"[dry-run] layout ok: {ranks}; the run needs what is listed above first")
+    else:
+        print(f"[dry-run] ok: {ranks}")
     import torch.distributed as dist
 
     if dist.is_initialized():

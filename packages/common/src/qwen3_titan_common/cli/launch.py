@@ -16,15 +16,11 @@ import time
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
-from qwen3_titan_common.cli.plan import (
-    Backend,
-    LaunchError,
-    check_config_name,
-    check_model_dir,
-    plan_launch,
-)
+from qwen3_titan_common.cli.interrupts import notice_interrupts
+from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
 from qwen3_titan_common.cli.run_summary import print_summary, summary_file, user_command
-from qwen3_titan_common.cli.supervise import run_and_summarise, torchrun_executable
+from qwen3_titan_common.cli.start_run import start_run
+from qwen3_titan_common.cli.supervise import SHOW_TRACEBACK_ENV
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.train.summary import COMMAND_ENV
 
@@ -46,43 +42,51 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
         from qwen3_titan_common.cli.help import print_help
 
         return print_help(backend, argv)
+    notice_interrupts()
     try:
         opts, plan = plan_launch(backend, argv)
         if opts.list_configs:
             return _list_configs(plan.module)
         check_config_name(plan.module, plan.config)
         check_model_dir(plan.passthrough)
-        if backend.preflight is not None and not opts.print_cmd:
-            problem = backend.preflight(argv)
-            if problem is not None:
-                raise LaunchError(problem)
-        if opts.dry_run:
-            from qwen3_titan_common.cli.dry_run import dry_run
-
-            return dry_run(plan)
+        if opts.print_cmd:
+            for line in plan.knob_mapping:
+                print(line, file=sys.stderr)
+            print(plan.shell_line())
+            return 0
         if opts.print_sbatch:
             from qwen3_titan_common.cli.sbatch import print_sbatch
 
             return print_sbatch(backend, opts, plan, argv)
+        # The run's config, parsed once, and every check that needs no rank, before torchrun starts.
+        if opts.dry_run:
+            return start_run(backend, plan, dry_run=True, show_traceback=opts.show_traceback)
+        started = time.monotonic()
+        with summary_file() as summary_env:
+            # The command as typed, for the exports' model cards (train.run_card).
+            typed = {COMMAND_ENV: shlex.join(user_command(argv))}
+            returncode = start_run(
+                backend, plan, show_traceback=opts.show_traceback, extra_env={**summary_env, **typed}
+            )
+            if returncode == 0:
+                print_summary(summary_env, argv, started)
+        return returncode
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
-    if opts.print_cmd:
-        for line in plan.knob_mapping:
-            print(line, file=sys.stderr)
-        print(plan.shell_line())
-        return 0
-    command = plan.command()
-    command[0] = torchrun_executable()
-    print(f"[train] {plan.shell_line()}", file=sys.stderr, flush=True)
-    started = time.monotonic()
-    with summary_file() as summary_env:
-        # The command as typed, for the exports' model cards (train.run_card).
-        typed = {COMMAND_ENV: shlex.join(user_command(argv))}
-        returncode = run_and_summarise(command, {**os.environ, **plan.env_updates, **summary_env, **typed})
-        if returncode == 0:
-            print_summary(summary_env, argv, started)
-    return returncode
+    except KeyboardInterrupt:
+        print("train: interrupted before any rank started; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if os.environ.get(SHOW_TRACEBACK_ENV):
+            raise
+        reason = (str(err).strip().splitlines() or [""])[0]
+        print(
+            f"train: internal error in the launcher: {type(err).__name__}: {reason} "
+            f"({SHOW_TRACEBACK_ENV}=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def main_for(backend: Backend):

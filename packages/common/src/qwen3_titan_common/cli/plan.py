@@ -17,6 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.elastic import restart_env_updates, torchrun_flags
@@ -32,8 +33,9 @@ class Backend:
     distribution: str  # e.g. "native-backend"
     module: str  # the torchtitan --module, e.g. "qwen3_titan_native"
     default_config: str = "debug"
-    # Backend-specific checks before any rank starts: argv -> one-line error, or None.
-    preflight: Callable[[list[str]], str | None] | None = None
+    # Backend-specific checks before any rank starts, on the run's config as the launcher parsed it
+    # (``cli.launch_checks``): config -> one-line error, or None.
+    preflight: Callable[[Any], str | None] | None = None
     # "module:function" building this backend's model for `eval --backend` (hf.eval_models.EvalModelBuilder).
     eval_model: str | None = None
 
@@ -86,8 +88,15 @@ class LaunchPlan:
         return (env + " " if env else "") + shlex.join(self.command())
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints its usage and then the error; the launcher's errors are one line."""
+
+    def error(self, message: str):
+        raise LaunchError(f"{message} (train --help lists the launcher's flags)")
+
+
 def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _OneLineParser(
         prog="train",
         description=(
             f"Train Qwen3 with the {backend.distribution} (torchtitan --module {backend.module}). "
@@ -154,6 +163,11 @@ def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
         metavar="DIR",
         help="start from this Hugging Face model directory (same as --hf.model_dir DIR)",
     )
+    p.add_argument(
+        "--show-traceback",
+        action="store_true",
+        help="show a failed rank's traceback and torchrun's report live (always kept in the run's log file)",
+    )
     add_knob_arguments(p)
     return p
 
@@ -162,8 +176,10 @@ def _aliases(opts: argparse.Namespace) -> list[str]:
     """Launcher shorthands, turned into the torchtitan flags they stand for."""
     if opts.hf_model is None:
         return []
-    # Ranks may start elsewhere (other nodes' working directories): pass an absolute path.
-    return ["--hf.model_dir", str(Path(opts.hf_model).expanduser().resolve())]
+    path = Path(opts.hf_model).expanduser()
+    # Ranks may start elsewhere (other nodes' working directories): pass an absolute path. A name that
+    # is not here (a Hub id, hf://, s3://) keeps its form, so that the error about it shows what was typed.
+    return ["--hf.model_dir", str(path.resolve()) if path.exists() else opts.hf_model]
 
 
 def _cluster_default(flag_value, *env_names: str) -> str | None:

@@ -7,12 +7,15 @@
    difference and the loss on a fixed text.
 3. ``--against OTHER`` also compares two checkpoints: tensor by tensor and by logits.
 
-Exits 1 past ``--tolerance``, 2 on a directory that does not load.
+Exits 1 past ``--tolerance`` or on non-finite logits; 2, with one line naming the file or tensor, on a
+directory that does not load: files, keys or shapes that do not fit its config.json, weights holding
+NaN/Inf, or anything transformers or torchtitan refuse when loading it.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,15 +118,54 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_loadable(model_dir: HFModelDir) -> None:
+    """What must hold before a directory is worth loading: its keys and shapes fit its config.json, and
+    every weight is finite (one pass over each shard, one shard in memory at a time)."""
+    from qwen3_titan_common.hf.titan_load import iter_hf_shard_files
+    from qwen3_titan_common.train.weight_check import is_finite
+
+    arch = model_dir.architecture
+    found = {k: e.shape for k, e in model_dir.tensors.items()}
+    problems = key_problems(expected_hf_shapes(arch), found, tied=arch.tie_word_embeddings)
+    if problems:
+        raise CheckpointError(
+            f"{model_dir.path}: checkpoint does not fit its config.json: " + "; ".join(problems)
+        )
+    for path, shard in iter_hf_shard_files(model_dir):
+        for key, tensor in shard.items():
+            if not is_finite(tensor):
+                raise CheckpointError(f"{path}: tensor '{key}' holds NaN or Inf values")
+
+
+def _one_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     try:
         model_dir = open_model_dir(args.model_dir, flag="verify-checkpoint")
         other = open_model_dir(args.against, flag="--against") if args.against else None
+        for checked in (model_dir, other):
+            if checked is not None:
+                check_loadable(checked)
     except (CheckpointError, ArchitectureError) as err:
         print(f"verify-checkpoint: {err}", file=sys.stderr)
         return 2
+    try:
+        return _report(args, model_dir, other, dtype)
+    except Exception as err:  # transformers or torchtitan refused the directory after all our checks
+        print(
+            f"verify-checkpoint: {model_dir.path}: does not load ({type(err).__name__}: {_one_line(err)})",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _report(
+    args: argparse.Namespace, model_dir: HFModelDir, other: HFModelDir | None, dtype: torch.dtype
+) -> int:
     arch = model_dir.architecture
     kind = "MoE" if arch.is_moe else "dense"
     print(
@@ -145,13 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"loss on the fixed text: transformers {report.loss_transformers:.6f}, torchtitan {report.loss_titan:.6f}"
     )
-    failed |= report.logits_max_abs_diff > args.tolerance
+    failed |= not report.logits_max_abs_diff <= args.tolerance  # NaN compares false: it fails too
+    if not (math.isfinite(report.loss_transformers) and math.isfinite(report.loss_titan)):
+        print("logits: not finite (NaN or Inf) on the fixed text")
+        failed = True
     if other is not None:
         tensor_diff, logits_diff, differences = compare_checkpoints(model_dir, other, args.text, dtype)
         for line in differences:
             print(f"against: {line}")
         print(f"against {other.path}: max tensor diff {tensor_diff:.3e}, logits max diff {logits_diff:.3e}")
-        failed |= bool(differences) or logits_diff > args.tolerance
+        failed |= bool(differences) or not logits_diff <= args.tolerance
     print("FAILED" if failed else "OK")
     return 1 if failed else 0
 

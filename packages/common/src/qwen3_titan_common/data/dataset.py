@@ -31,13 +31,15 @@ from qwen3_titan_common.data.records import (
     SkippedRecords,
     text_of,
 )
-from qwen3_titan_common.data.sources import DatasetError, RawRecord, RecordSource
+from qwen3_titan_common.data.sources import MAX_RECORD_BYTES, DatasetError, RawRecord, RecordSource
 from qwen3_titan_common.data.tokens import DocumentTokenizer
 
 Sample = tuple[dict[str, torch.Tensor], torch.Tensor]
 # Records read and tokenized together: enough for the tokenizer's batch encoding to pay off,
 # few enough that a resumed run re-reads little (read-ahead is not part of the saved position).
 READ_AHEAD = 64
+# Text of one read-ahead chunk beyond which tokenizing it gets a log line: it takes seconds.
+_LOG_TOKENIZING_CHARS = 16 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,7 @@ class StreamSettings:
     infinite: bool = True
     on_bad_record: Literal["stop", "skip"] = "stop"
     per_document_positions: bool = False
+    max_record_chars: int = MAX_RECORD_BYTES
 
 
 class RecordStreamDataset(IterableDataset, Stateful):
@@ -170,12 +173,26 @@ class RecordStreamDataset(IterableDataset, Stateful):
     def _tokenize_texts(self, records: list[RawRecord]) -> list[list[int] | InvalidRecord]:
         """Token ids of each record, or why it is bad; all texts of the chunk encoded in one call."""
         texts: list[str | InvalidRecord] = []
+        limit = self.settings.max_record_chars
         for record in records:
             try:
-                texts.append(text_of(self._readable(record), self.settings.text_field))
+                text = text_of(self._readable(record), self.settings.text_field)
+                if len(text) > limit:
+                    raise InvalidRecord(
+                        f"field '{self.settings.text_field}' holds {len(text):,} characters, over the {limit:,} limit "
+                        "for one record (--dataloader.max_record_bytes); split it, or raise the limit"
+                    )
+                texts.append(text)
             except InvalidRecord as e:
                 texts.append(e)
-        encoded = iter(self.tokens.documents([t for t in texts if isinstance(t, str)]))
+        valid = [t for t in texts if isinstance(t, str)]
+        size = sum(len(t) for t in valid)
+        if size > _LOG_TOKENIZING_CHARS:
+            logger.info(
+                f"data: tokenizing {size / 1024**2:.0f} M characters from {records[0].location} on "
+                f"(dp rank {self.dp_rank})"
+            )
+        encoded = iter(self.tokens.documents(valid))
         return [next(encoded) if isinstance(t, str) else t for t in texts]
 
     def _chat_rows(self, record: RawRecord) -> list[tuple[np.ndarray, np.ndarray]]:

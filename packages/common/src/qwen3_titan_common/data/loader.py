@@ -20,6 +20,7 @@ from qwen3_titan_common.data.holdout import Part, check_share, default_share, he
 from qwen3_titan_common.data.records import RecordFormat, detect_format
 from qwen3_titan_common.data.sources import (
     DEFAULT_DATASET,
+    MAX_RECORD_BYTES,
     DatasetError,
     RecordSource,
     ResolvedDataset,
@@ -74,6 +75,10 @@ class TextChatDataLoader(ParallelAwareDataloader):
 
         allow_network: bool = False
         """Let a dataset that is not a local path be downloaded from the Hugging Face Hub."""
+
+        max_record_bytes: int = MAX_RECORD_BYTES
+        """A record longer than this (a JSON line, in bytes; a text, in characters) is a bad record and
+        is not tokenized: one huge record would take host memory ~150x its size."""
 
         per_document_positions: bool = False
         """Also emit positions that restart after each EOS, for Flex/varlen attention to mask across documents
@@ -145,7 +150,11 @@ def open_dataset(
         config.format, [config.messages_field, config.text_field]
     )
     optional = [] if config.format == "text" else [config.tools_field]
-    whole = open_source(resolved, wanted, config.split, optional)
+    if config.max_record_bytes < 1:
+        raise DatasetError(
+            f"--dataloader.max_record_bytes {config.max_record_bytes}: expected a positive size"
+        )
+    whole = open_source(resolved, wanted, config.split, optional, config.max_record_bytes)
     if not len(whole):
         raise DatasetError(f"--dataloader.dataset '{config.dataset}': no records (every file is empty)")
     share = config.held_out if config.held_out is not None else default_share(config.dataset)
@@ -186,6 +195,7 @@ def build_record_stream(
         infinite=config.infinite,
         on_bad_record=config.on_bad_record,
         per_document_positions=config.per_document_positions,
+        max_record_chars=config.max_record_bytes,
     )
     dataset = RecordStreamDataset(
         source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size

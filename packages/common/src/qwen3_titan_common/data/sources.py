@@ -33,6 +33,9 @@ PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = (
     "a .jsonl/.json (JSON Lines) or .parquet file, a directory of them, or a datasets.save_to_disk directory"
 )
+# One JSON line longer than this is a bad record, refused without being read: tokenizing it would take
+# host memory ~150x its size (a 62 MB line took 9 GB) and minutes, with nothing to show for it.
+MAX_RECORD_BYTES = 8 * 1024**2
 
 
 class DatasetError(UserInputError):
@@ -230,21 +233,29 @@ def _shown(path: Path, resolved: ResolvedDataset) -> str:
 class JsonlFile:
     """One JSON Lines file, indexed by the byte offset of each non-blank line."""
 
-    def __init__(self, path: Path, name: str):
+    def __init__(self, path: Path, name: str, max_record_bytes: int = MAX_RECORD_BYTES):
+        from qwen3_titan_common.data.sniff import not_json_lines
+
         self.path = path
         self.name = name
-        offsets, line_numbers = [], []
+        self.max_record_bytes = max_record_bytes
+        problem = not_json_lines(path, name)
+        if problem is not None:
+            raise DatasetError(problem)
+        offsets, line_numbers, lengths = [], [], []
         offset = 0
         # A pass over the whole file: minutes for tens of GB, shown past 5 s.
         with open(path, "rb") as f, Phase(f"indexing {name}", total=path.stat().st_size, unit="B") as phase:
-            for number, line in enumerate(f, start=1):
-                if line.strip():
+            for number, (length, blank) in enumerate(_line_spans(f), start=1):
+                if not blank:
                     offsets.append(offset)
                     line_numbers.append(number)
-                offset += len(line)
-                phase.advance(len(line))
+                    lengths.append(length)
+                offset += length
+                phase.advance(length)
         self._offsets = np.asarray(offsets, dtype=np.int64)
         self._line_numbers = np.asarray(line_numbers, dtype=np.int64)
+        self._lengths = np.asarray(lengths, dtype=np.int64)
         if path.suffix.lower() == ".json":
             self._refuse_plain_json()
 
@@ -267,16 +278,51 @@ class JsonlFile:
             return b""
         with open(self.path, "rb") as f:
             f.seek(int(self._offsets[0]))
-            return f.readline()
+            return f.readline(self.max_record_bytes + 1)
 
     def read(self, indices: Sequence[int]) -> list[RawRecord]:
         records = []
         with open(self.path, "rb") as f:
             for i in indices:
-                f.seek(int(self._offsets[i]))
                 location = f"{self.name}:{int(self._line_numbers[i])}"
+                length = int(self._lengths[i])
+                if length > self.max_record_bytes:
+                    records.append(RawRecord(location, None, _too_long(length, self.max_record_bytes)))
+                    continue
+                f.seek(int(self._offsets[i]))
                 records.append(_parse_json_line(f.readline(), location))
         return records
+
+
+def _line_spans(f, block: int = 1 << 20):
+    """``(length in bytes, blank)`` of each line, never holding more than one block of a long line.
+
+    Indexing needs only where each line starts and how long it is; ``for line in f`` would hold a
+    whole 60 MB line in memory just to measure it.
+    """
+    pending, blank = 0, True
+    while chunk := f.read(block):
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            piece = chunk[start : end + 1]
+            yield pending + len(piece), blank and not piece.strip()
+            pending, blank, start = 0, True, end + 1
+        rest = chunk[start:]
+        pending += len(rest)
+        blank = blank and not rest.strip()
+    if pending:
+        yield pending, blank
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1024**2:.1f} MiB" if nbytes >= 1024**2 else f"{nbytes:,} bytes"
+
+
+def _too_long(length: int, limit: int) -> str:
+    return (
+        f"line is {_size(length)}, over the {_size(limit)} limit for one record "
+        "(--dataloader.max_record_bytes); not read: split it into several records, or raise the limit"
+    )
 
 
 def _parse_json_line(raw: bytes, location: str) -> RawRecord:
@@ -301,7 +347,16 @@ class ArrowColumns:
         return len(self._table)
 
     def read(self, indices: Sequence[int]) -> list[RawRecord]:
-        taken = _take(self._table, list(indices), self._columns)
+        import pyarrow as pa
+
+        try:
+            taken = _take(self._table, list(indices), self._columns)
+        except (pa.ArrowException, OSError) as err:
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise DatasetError(
+                f"{self._row_label}: rows {min(indices)}-{max(indices)} could not be decoded ({reason}); "
+                "the data files are damaged: write them again"
+            ) from None
         rows = [dict(zip(self._columns, values, strict=True)) for values in zip(*taken, strict=True)]
         return [RawRecord(f"{self._row_label}:row {i}", row) for i, row in zip(indices, rows, strict=True)]
 
@@ -329,23 +384,47 @@ def _check_columns(
     return usable + [c for c in optional if c in present and c not in usable]
 
 
-def parquet_columns(path: Path) -> list[str]:
+def _unreadable_parquet(name: str, err: Exception) -> DatasetError:
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return DatasetError(
+        f"{name}: not a readable Parquet file ({reason}); it may be truncated or not Parquet at all: "
+        "write it again, or remove it from the dataset"
+    )
+
+
+def parquet_columns(path: Path, name: str | None = None) -> list[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    return list(pq.read_schema(path).names)
+    try:
+        return list(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError) as err:
+        raise _unreadable_parquet(name or str(path), err) from None
 
 
 def open_parquet(path: Path, name: str, wanted: Sequence[str], optional: Sequence[str] = ()) -> ArrowColumns:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns = _check_columns(name, parquet_columns(path), wanted, optional)
-    return ArrowColumns(name, pq.read_table(path, columns=columns), columns, name)
+    columns = _check_columns(name, parquet_columns(path, name), wanted, optional)
+    try:
+        table = pq.read_table(path, columns=columns)
+    except (pa.ArrowException, OSError) as err:
+        raise _unreadable_parquet(name, err) from None
+    return ArrowColumns(name, table, columns, name)
 
 
 def load_saved(directory: Path, split: str) -> Any:
     from datasets import DatasetDict, load_from_disk
 
-    loaded = load_from_disk(str(directory))
+    try:
+        loaded = load_from_disk(str(directory))
+    except Exception as err:  # datasets and pyarrow raise many types for a damaged directory
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DatasetError(
+            f"--dataloader.dataset '{directory}': the datasets.save_to_disk directory does not load "
+            f"({type(err).__name__}: {reason}); save it again"
+        ) from None
     if isinstance(loaded, DatasetDict):
         if split not in loaded:
             raise DatasetError(
@@ -401,7 +480,11 @@ class ConcatSource:
 
 
 def open_source(
-    resolved: ResolvedDataset, wanted_columns: Sequence[str], split: str, optional_columns: Sequence[str] = ()
+    resolved: ResolvedDataset,
+    wanted_columns: Sequence[str],
+    split: str,
+    optional_columns: Sequence[str] = (),
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> ConcatSource:
     """Opens what :func:`resolve_dataset` found. Columnar formats load only ``wanted_columns`` (one of them
     must exist) and those of ``optional_columns`` that exist."""
@@ -426,5 +509,5 @@ def open_source(
         if path.suffix.lower() in PARQUET_SUFFIXES:
             parts.append(open_parquet(path, shown, wanted_columns, optional_columns))
         else:
-            parts.append(JsonlFile(path, shown))
+            parts.append(JsonlFile(path, shown, max_record_bytes))
     return ConcatSource(name, parts)

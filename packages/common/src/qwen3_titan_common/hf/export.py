@@ -26,15 +26,15 @@ from safetensors.torch import save_file
 from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
+from qwen3_titan_common.hf.export_guard import check_replaceable, write_export_marker
 from qwen3_titan_common.hf.model_card import CARD_NAME
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, TOKENIZER_FILES
 from qwen3_titan_common.hf.shard_plan import index_json, plan_shards
 from qwen3_titan_common.perf.progress import Phase
+from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
-# Room for config, tokenizer and filesystem overhead beyond the tensors themselves.
-_DISK_MARGIN = 1.05
 _SIZE_UNITS = {
     "": 1,
     "B": 1,
@@ -81,15 +81,6 @@ class ExportSpec:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def check_free_space(target_parent: Path, needed_bytes: int, what: str) -> None:
-    free = shutil.disk_usage(target_parent).free
-    if free < needed_bytes * _DISK_MARGIN:
-        raise CheckpointError(
-            f"{target_parent}: not enough free disk space for the {what}: needs about "
-            f"{needed_bytes * _DISK_MARGIN / 1e9:.2f} GB, {free / 1e9:.2f} GB free"
-        )
 
 
 class _ShardWriter:
@@ -166,6 +157,7 @@ def _copy_assets(assets_dir: Path | None, tmp_dir: Path) -> None:
 
 
 def _replace_dir(tmp_dir: Path, out_dir: Path) -> None:
+    check_replaceable(out_dir)
     old = None
     if out_dir.exists():
         old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
@@ -186,6 +178,9 @@ def export_hf_dir(
     the plan's total size in the free-space check.
     """
     out_dir = spec.out_dir.resolve()
+    # Before any tensor is asked for (on several ranks, a failing writer ends the run: torchrun stops
+    # the others, whatever gather they wait in).
+    check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     shapes = planned_shapes(spec)
     plan = plan_shards(shapes, spec.dtype, spec.max_shard_bytes)
@@ -208,8 +203,13 @@ def export_hf_dir(
         _copy_assets(spec.assets_dir, tmp_dir)
         if spec.model_card is not None:
             (tmp_dir / CARD_NAME).write_text(spec.model_card)
+        write_export_marker(tmp_dir, [f.name for f in tmp_dir.iterdir()])
         _replace_dir(tmp_dir, out_dir)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        if not isinstance(err, KeyboardInterrupt | SystemExit) and (
+            disk_full_in(err) or looks_full(out_dir.parent)
+        ):
+            raise CheckpointError(disk_full_message(out_dir, "export")) from None
         raise
     return out_dir

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub.constants import PYTORCH_WEIGHTS_NAME, SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
+from qwen3_titan_common.hf.dtypes import TRAINABLE, torch_name
 from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.hf.remote import remote_model_message
 from qwen3_titan_common.hf.safetensors_header import TensorEntry, read_header
 
 # huggingface_hub names the weight files; these it does not.
@@ -24,7 +25,6 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
 )
 GENERATION_CONFIG = "generation_config.json"
-_REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 _PICKLE_WEIGHTS = (PYTORCH_WEIGHTS_NAME, "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 
 
@@ -50,25 +50,45 @@ class HFModelDir:
 
     @property
     def dtype_name(self) -> str:
-        """The most common tensor dtype on disk, as a torch dtype name."""
+        """The most common tensor dtype on disk, as torch names it."""
         counts: dict[str, int] = {}
         for entry in self.tensors.values():
             counts[entry.dtype] = counts.get(entry.dtype, 0) + 1
-        most = max(counts, key=counts.get) if counts else "F32"
-        return {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(most, "float32")
+        return torch_name(max(counts, key=counts.get) if counts else "F32")
 
 
 def resolve_local_dir(path: str | Path, flag: str = "--hf.model_dir") -> Path:
     text = str(path)
-    if _REMOTE.match(text):
-        raise CheckpointError(
-            f"{flag} {text}: a remote location; download it first "
-            "(e.g. `hf download ORG/NAME --local-dir DIR`) and pass the local DIR"
-        )
+    remote = remote_model_message(text, flag)
+    if remote is not None:
+        raise CheckpointError(remote)
     resolved = Path(text).expanduser().resolve()
+    if resolved.is_file():
+        parent = " (the directory holding it is " + str(resolved.parent) + ")" if resolved.suffix else ""
+        raise CheckpointError(
+            f"{flag} {text}: is a file, not a directory; pass the model directory (config.json and "
+            f"safetensors files){parent}"
+        )
     if not resolved.is_dir():
         raise CheckpointError(f"{flag} {text}: no such directory ({resolved})")
     return resolved
+
+
+def check_trainable_dtypes(tensors: dict[str, TensorEntry]) -> None:
+    """Refuse weights that are not floating point, naming the first such tensor and its dtype on disk.
+
+    Loaded into a float model they would be converted silently (an int8 checkpoint trains with zero
+    gradients and is logged as float32); a quantised checkpoint needs dequantising first.
+    """
+    odd = sorted((key, entry) for key, entry in tensors.items() if entry.dtype not in TRAINABLE)
+    if not odd:
+        return
+    key, entry = odd[0]
+    more = f" (and {len(odd) - 1} more such tensors)" if len(odd) > 1 else ""
+    raise CheckpointError(
+        f"{entry.file}: tensor '{key}' is {torch_name(entry.dtype)} on disk{more}; expected floating-point weights "
+        "(float32, bfloat16, float16): a quantised checkpoint needs dequantising to one of them first"
+    )
 
 
 def _weight_map(path: Path) -> dict[str, Path]:
@@ -129,6 +149,7 @@ def open_model_dir(path: str | Path, flag: str = "--hf.model_dir") -> HFModelDir
     resolved = resolve_local_dir(path, flag)
     architecture = read_architecture(resolved)
     tensors = _read_tensors(resolved)
+    check_trainable_dtypes(tensors)
     return HFModelDir(
         path=resolved,
         architecture=architecture,

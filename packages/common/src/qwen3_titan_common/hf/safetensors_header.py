@@ -57,10 +57,8 @@ def _unreadable(path: Path, err: SafetensorError) -> CheckpointError:
             )
         try:
             header = json.loads(f.read(length))
-            data_end = max(
-                (int(info["data_offsets"][1]) for key, info in header.items() if key != "__metadata__"),
-                default=0,
-            )
+            tensors = {key: info for key, info in header.items() if key != "__metadata__"}
+            data_end = max((int(info["data_offsets"][1]) for info in tensors.values()), default=0)
         except (ValueError, KeyError, TypeError, IndexError, AttributeError):
             return CheckpointError(f"{path}: corrupt safetensors header ({err})")
     promised = 8 + length + data_end
@@ -68,4 +66,32 @@ def _unreadable(path: Path, err: SafetensorError) -> CheckpointError:
         return CheckpointError(
             f"{path}: truncated safetensors file ({size} bytes, header promises {promised}); download it again"
         )
+    culprit = _offsets_culprit(tensors)
+    if culprit is not None:
+        return CheckpointError(f"{path}: corrupt safetensors header: {culprit}")
     return CheckpointError(f"{path}: corrupt safetensors file ({err})")
+
+
+def _offsets_culprit(tensors: dict) -> str | None:
+    """The first tensor whose data_offsets do not span its shape x dtype, said in bytes.
+
+    safetensors refuses such a header without naming the tensor; this names it, for a file
+    already refused (the numbers come from the header alone, no data is read).
+    """
+    from qwen3_titan_common.hf.dtypes import itemsize_bits
+
+    for key, info in sorted(tensors.items(), key=lambda item: item[1]["data_offsets"][0]):
+        try:
+            begin, end = (int(v) for v in info["data_offsets"])
+            numel = 1
+            for dim in info["shape"]:
+                numel *= int(dim)
+            bits = itemsize_bits(info["dtype"])
+        except (KeyError, TypeError, ValueError):
+            return f"tensor '{key}' has no valid dtype, shape and data_offsets"
+        if bits is not None and numel * bits != (end - begin) * 8:
+            return (
+                f"tensor '{key}': shape {list(info['shape'])} x {info['dtype']} is {numel * bits // 8} bytes, "
+                f"but its data_offsets [{begin}, {end}] span {end - begin}"
+            )
+    return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
@@ -23,14 +24,21 @@ _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 _NOT_IN_CHECKPOINTS = ("rope", "expert_bias", "tokens_per_expert")
 
 
-def iter_hf_shards(
+def iter_hf_shard_files(
     model_dir: HFModelDir, dtype: torch.dtype | None = None
-) -> Iterator[dict[str, torch.Tensor]]:
+) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
     for path in model_dir.weight_files:
         with safe_open(str(path), framework="pt") as f:
             shard = {key: f.get_tensor(key) for key in f.keys()}
         if dtype is not None:
             shard = {k: v.to(dtype) for k, v in shard.items()}
+        yield path, shard
+
+
+def iter_hf_shards(
+    model_dir: HFModelDir, dtype: torch.dtype | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    for _, shard in iter_hf_shard_files(model_dir, dtype):
         yield shard
 
 

@@ -4,6 +4,10 @@
 
 - before each step checkpoint torchtitan is about to write, it checks that the folder's disk has room
   for it (fp32 weights and AdamW's two fp32 moments, as DCP stores them) and fails with the numbers;
+  a disk that fills up anyway is named in one line; the first save records which model the folder's
+  checkpoints hold (``train.model_record``), so that a run of another model refuses to resume from them;
+- right after weights are loaded (a Hugging Face directory or a step checkpoint), every parameter is
+  checked for NaN/Inf (``train.weight_check``) and the first such one is named;
 - ``export_hf(step)`` writes a Hugging Face directory (safetensors shards, config.json, tokenizer) of
   the trained weights through the model's state-dict adapter, the same one torchtitan's own checkpoints
   use; the trainer calls it at ``--hf.export_interval`` and at the end (``train.trainer``).
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 import torch.distributed as dist
@@ -28,8 +32,13 @@ from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.hf.export import ExportSpec, check_free_space, export_hf_dir
+from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
+from qwen3_titan_common.hf.start import newest_complete_step
 from qwen3_titan_common.perf.progress import Phase
+from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
+from qwen3_titan_common.train.model_record import write_model_record
+from qwen3_titan_common.train.weight_check import first_non_finite
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,22 @@ class HFExportPlan:
 
     def dir_for(self, step: int) -> Path:
         return self.base_dir / f"step-{step}"
+
+
+def checkpoint_bytes(model_parts: list[nn.Module]) -> int:
+    """This rank's share of a step checkpoint as DCP writes it: every state-dict tensor of the model in
+    fp32 (a tied weight under both of its names), and AdamW's two fp32 moments per parameter."""
+    stored = sum(
+        _local_numel(t)
+        for m in model_parts
+        for t in (*(p for _, p in m.named_parameters(remove_duplicate=False)), *m.buffers())
+    )
+    params = sum(_local_numel(p) for m in model_parts for p in m.parameters())
+    return 4 * stored + 2 * 4 * params
+
+
+def _is_writer() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def _local_numel(param: torch.Tensor) -> int:
@@ -61,6 +86,9 @@ class Qwen3CheckpointManager(CheckpointManager):
         hf_export: Annotated[HFExportPlan | None, tyro.conf.Suppress] = None
         """Set by the trainer from --hf.*: where and how Hugging Face exports are written."""
 
+        model_record: Annotated[dict[str, Any] | None, tyro.conf.Suppress] = None
+        """Set by the trainer: which model this run's checkpoints hold (``train.model_record``)."""
+
     def __init__(
         self,
         config: Config,
@@ -73,21 +101,44 @@ class Qwen3CheckpointManager(CheckpointManager):
         self.hf_export = config.hf_export
         self.export_model_parts = model_parts
         self.export_adapter = sd_adapter
-        # fp32 weights plus AdamW's two fp32 moments, as DCP stores them for this rank.
-        self.checkpoint_bytes = 3 * 4 * sum(_local_numel(p) for m in model_parts for p in m.parameters())
+        self.model_record = config.model_record
+        self.checkpoint_bytes = checkpoint_bytes(model_parts)
+
+    def save(self, curr_step: int, last_step: bool = False) -> bool:
+        if not (self.enable and not self.load_only and (last_step or curr_step % self.interval == 0)):
+            return super().save(curr_step, last_step)
+        folder = Path(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        check_free_space(folder, self.checkpoint_bytes, f"checkpoint of step {curr_step}")
+        if self.model_record is not None and _is_writer():
+            write_model_record(folder, self.model_record)
+        try:
+            return super().save(curr_step, last_step)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # DCP's CheckpointException is a BaseException
+            if disk_full_in(err) or looks_full(folder):
+                raise CheckpointError(
+                    disk_full_message(folder / f"step-{curr_step}", f"checkpoint of step {curr_step}")
+                ) from None
+            raise
 
     def load(self, step: int = -1) -> bool:
+        # The public entry point (upstream's guard runs in super().load); its `_load` hook is private.
         # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
         # a line every 5 s says it is still going.
         with Phase("loading the checkpoint before step 1"):
-            return super().load(step)
-
-    def save(self, curr_step: int, last_step: bool = False) -> bool:
-        if self.enable and not self.load_only and (last_step or curr_step % self.interval == 0):
-            folder = Path(self.folder)
-            folder.mkdir(parents=True, exist_ok=True)
-            check_free_space(folder, self.checkpoint_bytes, f"checkpoint of step {curr_step}")
-        return super().save(curr_step, last_step)
+            loaded = super().load(step)
+        if loaded:
+            bad = first_non_finite(self.export_model_parts)
+            if bad is not None:
+                resumed = newest_complete_step(Path(self.folder))
+                source = f"{self.folder}/step-{resumed}" if resumed is not None else self.initial_load_path
+                raise CheckpointError(
+                    f"{source}: weight '{bad}' holds NaN or Inf values after loading; training from it would "
+                    "give a non-finite loss: use another checkpoint (an earlier step, or the original weights)"
+                )
+        return loaded
 
     # -- Hugging Face export ---------------------------------------------------------------------
 

@@ -1,8 +1,10 @@
-"""Checks a resolved training config before the Trainer touches anything.
+"""Checks a resolved training config before anything is written, in one function for both callers.
 
-Runs in every rank at the start of ``Qwen3Trainer.__init__``, before torchtitan
-initialises distributed, creates the dump folder or reads a weight, so a bad value
-costs seconds, writes nothing and ends in one line naming the flag.
+The ``train`` launcher runs :func:`check_run` on the config it parsed in-process, before torchrun
+starts (and ``--dry-run`` runs it too); every rank runs it again at the start of
+``Qwen3Trainer.__init__``, before torchtitan initialises distributed, creates the dump folder or
+reads a weight, so the upstream ``torchrun ... -m torchtitan.train`` form fails the same way. None
+of these checks writes anything; each failure is one line naming the flag, file or record.
 """
 
 from __future__ import annotations
@@ -11,8 +13,15 @@ import importlib.util
 import os
 from pathlib import Path
 
+import torch
+
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.train.layout import resolve_layout
+from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
+from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
+from qwen3_titan_common.hf.export_guard import check_export_root
+from qwen3_titan_common.runtime.disk import DiskSpaceError, check_free_space, nearest_existing
+from qwen3_titan_common.runtime.writable import check_writable_dir
+from qwen3_titan_common.train.layout import Layout, resolve_layout
 
 
 def _positive(flag: str, value: int) -> None:
@@ -28,7 +37,11 @@ def _check_tokenizer(path: str, vocab_size: int) -> None:
         )
     from tokenizers import Tokenizer
 
-    size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True)
+    try:
+        size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True)
+    except Exception as err:  # tokenizers raises its own Exception type for any unreadable file
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserInputError(f"{tokenizer_json}: not a readable tokenizer ({reason})") from None
     if size > vocab_size:
         raise UserInputError(
             f"hf_assets_path {path}: the tokenizer has {size} tokens, more than the model's vocab_size {vocab_size}"
@@ -53,28 +66,163 @@ def _check_override_imports(entries) -> None:
             )
 
 
-def check_before_start(config, world_size: int | None = None) -> None:
+def _uses_sdpa_or_varlen(model_config) -> bool:
+    """torchtitan's own rule (``distributed.full_dtensor.validate_config``), read off the config."""
+    from torchtitan.models.common.attention import ScaledDotProductAttention, VarlenAttention
+
+    kinds = (ScaledDotProductAttention.Config, VarlenAttention.Config)
+    layers = getattr(model_config, "layers", None) or []
+    return any(
+        isinstance(getattr(getattr(layer, "attention", None), "inner_attention", None), kinds)
+        for layer in layers
+    )
+
+
+def _check_parallel_shapes(config, layout: Layout) -> None:
+    parallelism, seq_len, arch = config.parallelism, config.training.seq_len, config.architecture
+    tp_split = layout.tp if parallelism.enable_sequence_parallel else 1
+    cp_split = 2 * layout.cp if layout.cp > 1 else 1
+    if seq_len % (tp_split * cp_split):
+        parts = []
+        if tp_split > 1:
+            parts.append(f"--parallelism.tensor_parallel_degree {layout.tp} (sequence parallel)")
+        if cp_split > 1:
+            parts.append(f"2 x --parallelism.context_parallel_degree {layout.cp}")
+        divisor = tp_split * cp_split
+        raise UserInputError(
+            f"--training.seq_len {seq_len}: expected a multiple of {divisor} ({' x '.join(parts)}); "
+            f"nearest valid: {max(divisor, round(seq_len / divisor) * divisor)}"
+        )
+    if arch is not None and layout.tp > 1:
+        for field, heads in (
+            ("num_attention_heads", arch.num_attention_heads),
+            ("num_key_value_heads", arch.num_key_value_heads),
+        ):
+            if heads % layout.tp:
+                raise UserInputError(
+                    f"--parallelism.tensor_parallel_degree {layout.tp}: expected a divisor of the model's "
+                    f"{field} {heads} (tensor parallelism splits attention heads across ranks)"
+                )
+    if arch is not None and arch.moe is not None and layout.ep > 1 and arch.moe.num_experts % layout.ep:
+        raise UserInputError(
+            f"--parallelism.expert_parallel_degree {layout.ep}: expected a divisor of the model's "
+            f"num_experts {arch.moe.num_experts}"
+        )
+    if layout.cp > 1 and _uses_sdpa_or_varlen(config.model_spec.model):
+        raise UserInputError(
+            f"--parallelism.context_parallel_degree {layout.cp}: this backend's attention is SDPA, and "
+            "torchtitan 0.3.0 runs context parallelism with Flex attention only; use 1"
+        )
+
+
+def _check_flags(config) -> None:
     training = config.training
-    arch = config.architecture
     _positive("--training.steps", training.steps)
     _positive("--training.local_batch_size", training.local_batch_size)
     _positive("--training.seq_len", training.seq_len)
+    arch = config.architecture
     if arch is not None and training.seq_len > arch.max_position_embeddings:
         raise UserInputError(
             f"--training.seq_len {training.seq_len}: longer than the model's max_position_embeddings "
             f"{arch.max_position_embeddings}"
         )
-    world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    if config.comm.mode == "default":
-        resolve_layout(config.parallelism, world_size)
-    if arch is not None:
-        _check_tokenizer(config.hf_assets_path, arch.vocab_size)
-    _check_override_imports(config.override.imports)
     if config.checkpoint.interval < 1:
         raise UserInputError(
             f"--checkpoint.interval {config.checkpoint.interval}: expected a positive integer"
         )
-    if config.hf.export_interval < 0:
+    hf = config.hf
+    if hf.export_interval < 0:
         raise UserInputError(
-            f"--hf.export_interval {config.hf.export_interval}: expected 0 (only at the end) or more"
+            f"--hf.export_interval {hf.export_interval}: expected 0 (only at the end) or more"
         )
+    parse_size(hf.max_shard_size)
+    if hf.export and config.parallelism.pipeline_parallel_degree > 1:
+        raise UserInputError("--hf.export with pipeline parallelism is not supported; pass --hf.no-export")
+
+
+def _export_root(config) -> tuple[Path, str]:
+    if config.hf.export_dir:
+        return Path(config.hf.export_dir), "--hf.export_dir"
+    return Path(config.dump_folder) / "hf", "the export directory (--dump_folder's hf/)"
+
+
+def _check_where_it_writes(config) -> None:
+    check_writable_dir(config.dump_folder, "--dump_folder")
+    if not config.hf.export:
+        return
+    root, shown = _export_root(config)
+    check_writable_dir(root, shown.split(" ")[0] if config.hf.export_dir else "--dump_folder")
+    model_dir = Path(config.hf.model_dir) if config.hf.model_dir else None
+    check_export_root(
+        root,
+        shown=shown,
+        model_dir=model_dir,
+        checkpoint_dir=Path(config.dump_folder) / config.checkpoint.folder,
+        dump_folder=Path(config.dump_folder),
+    )
+
+
+def _check_disk(config, deferred: list[str] | None) -> None:
+    """Room for the first step checkpoint and the first export, before a rank is started."""
+    arch = config.architecture
+    if arch is None:
+        return
+    shapes = expected_hf_shapes(arch)
+    stored = sum(torch.Size(s).numel() for s in shapes.values())
+    params = stored - (torch.Size(shapes[LM_HEAD]).numel() if arch.tie_word_embeddings else 0)
+    needs: dict[int, tuple[Path, int, list[str]]] = {}
+
+    def need(path: Path, nbytes: int, what: str) -> None:
+        device = os.stat(nearest_existing(path)).st_dev
+        where, total, whats = needs.get(device, (path, 0, []))
+        needs[device] = (where, total + nbytes, [*whats, what])
+
+    if config.checkpoint.enable:
+        # As DCP writes it: fp32 weights (a tied one twice) and AdamW's two fp32 moments.
+        need(
+            Path(config.dump_folder) / config.checkpoint.folder,
+            4 * stored + 8 * params,
+            "first step checkpoint",
+        )
+    if config.hf.export:
+        name = config.hf.export_dtype
+        itemsize = torch.tensor([], dtype=EXPORT_DTYPES.get(name, torch.float32)).element_size()
+        need(_export_root(config)[0], itemsize * params, "Hugging Face export")
+    for where, nbytes, whats in needs.values():
+        try:
+            check_free_space(where, nbytes, " and ".join(whats))
+        except DiskSpaceError as err:
+            if deferred is None:
+                raise
+            deferred.append(str(err))
+
+
+def _check_data(config, layout: Layout) -> None:
+    from qwen3_titan_common.data.first_records import check_first_records
+    from qwen3_titan_common.data.loader import TextChatDataLoader
+
+    if isinstance(config.dataloader, TextChatDataLoader.Config):
+        check_first_records(config.dataloader, dp_degree=layout.dp_replicate * layout.dp_shard)
+
+
+def check_run(config, world_size: int | None = None, *, deferred: list[str] | None = None) -> Layout:
+    """Every check of a run that needs no rank; returns the parallel layout it resolved.
+
+    ``deferred``: for a dry run, which plans a job for other machines, the free-space check (about
+    this machine's disk) appends its failure there instead of raising it."""
+    world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    _check_flags(config)
+    layout = resolve_layout(config.parallelism, world_size)
+    _check_parallel_shapes(config, layout)
+    if config.architecture is not None:
+        _check_tokenizer(config.hf_assets_path, config.architecture.vocab_size)
+    _check_override_imports(config.override.imports)
+    _check_where_it_writes(config)
+    _check_disk(config, deferred)
+    _check_data(config, layout)
+    return layout
+
+
+def check_before_start(config, world_size: int | None = None) -> None:
+    """The rank's call: the same checks as the launcher's."""
+    check_run(config, world_size)

@@ -42,7 +42,9 @@ from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
+from qwen3_titan_common.train.model_record import check_model_record, model_record
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
+from qwen3_titan_common.train.rank_errors import rank_errors
 from qwen3_titan_common.train.run_card import run_card
 from qwen3_titan_common.train.summary import report, summary_of
 
@@ -84,20 +86,21 @@ class Qwen3Trainer(Trainer):
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
 
     def __init__(self, config: Config):
+        from qwen3_titan_common.runtime.dump_lock import hold_in_rank
+        from qwen3_titan_common.runtime.launch_gate import wait_for_launcher
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
-        from qwen3_titan_common.train.preflight import check_before_start
+        from qwen3_titan_common.train.preflight import check_run
         from qwen3_titan_common.train.validation import with_validation_data
 
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
-        self._start, config = _run_config(config)
-        config = with_validation_data(config)
-        check_before_start(config)
-        config = self.capturable(config)
-        if config.hf.export and config.parallelism.pipeline_parallel_degree > 1:
-            raise CheckpointError(
-                "--hf.export with pipeline parallelism is not supported; pass --hf.no-export"
-            )
-        super().__init__(config)
+        with rank_errors(lambda: config):
+            self._start, config = run_config(config)
+            config = with_validation_data(config)
+            check_run(config)
+            wait_for_launcher()  # under `train`: until the launcher's own checks passed
+            self._dump_lock = hold_in_rank(config.dump_folder)
+            config = self.capturable(config)
+            super().__init__(config)
         logger.info(describe_trainable(self.model_parts, self.optimizers))
 
     @classmethod
@@ -140,22 +143,23 @@ class Qwen3Trainer(Trainer):
             self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
 
     def train(self):
-        super().train()
-        export = None
-        if self.config.hf.export:
-            export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            report(summary_of(self, export), logger.info)
+        with rank_errors(lambda: self.config):
+            super().train()
+            export = None
+            if self.config.hf.export:
+                export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                report(summary_of(self, export), logger.info)
 
 
 def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype:
     name = config.hf.export_dtype
     if name == "auto":
         name = start.model_dir.dtype_name if start.model_dir is not None else "float32"
-    return EXPORT_DTYPES[name]
+    return EXPORT_DTYPES.get(name, torch.float32)  # float64 weights export as float32
 
 
-def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
+def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
     """Where the run's weights come from (logged in one line), and the config that trains them.
 
     With ``--hf.model_dir`` the model is the directory's (its config.json's architecture, its tokenizer,
@@ -209,6 +213,14 @@ def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.C
     if architecture is not config.architecture:
         changes["architecture"] = architecture
         changes["model_spec"] = config.model_spec_builder(architecture, config.model_spec.flavor)
+    record = model_record(config.model_spec.name, architecture)
+    if start.kind == "resume":
+        check_model_record(
+            Path(config.dump_folder) / config.checkpoint.folder,
+            record,
+            step=start.resume_step,
+            dump_folder=config.dump_folder,
+        )
     plan = HFExportPlan(
         base_dir=Path(config.hf.export_dir or Path(config.dump_folder) / "hf"),
         architecture=architecture,
@@ -216,5 +228,5 @@ def _run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.C
         max_shard_bytes=parse_size(config.hf.max_shard_size),
         assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
     )
-    changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan)
+    changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
     return start, with_lora(dataclasses.replace(config, **changes), start)

@@ -1,0 +1,87 @@
+"""Which model a dump folder's step checkpoints hold, recorded beside them and compared before resuming.
+
+torchtitan resumes from any ``step-N`` in the checkpoint folder; a checkpoint of another model (the
+embedded default's, then ``--hf-model DIR``'s) then fails deep in DCP with a size mismatch. So the first
+save writes ``<checkpoint folder>/qwen3-titan-model.json`` (the model spec's name and the architecture,
+as config.json fields) and a run that would resume compares it with its own first. DCP's ``.metadata``
+would say the same, but it is a pickle, and nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.errors import UserInputError
+
+RECORD_NAME = "qwen3-titan-model.json"
+
+
+class OtherModelError(UserInputError):
+    pass
+
+
+def model_record(model_name: str, architecture: Qwen3Architecture) -> dict[str, Any]:
+    # Through JSON, so a record compares equal to the same record read back (tuples become lists).
+    return json.loads(json.dumps({"model": model_name, "architecture": architecture.to_dict()}))
+
+
+def write_model_record(folder: Path, record: dict[str, Any]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RECORD_NAME
+    tmp = path.with_name(f".{RECORD_NAME}.{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+# The fields that tell two models apart at a glance, named first.
+_FIRST = ("hidden_size", "num_hidden_layers", "moe.num_experts", "vocab_size", "num_attention_heads")
+
+
+def _flat(fields: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested fields as dotted names (``moe.num_experts``), so a difference names one field."""
+    if not isinstance(fields, dict):
+        return {prefix.rstrip("."): fields} if prefix else {}
+    found: dict[str, Any] = {}
+    for key, value in fields.items():
+        if isinstance(value, dict):
+            found.update(_flat(value, f"{prefix}{key}."))
+        elif value is not None:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+def _differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    found = []
+    if saved.get("model") != ours["model"]:
+        found.append(f"model {saved.get('model')} there, {ours['model']} here")
+    there, here = _flat(saved.get("architecture", {})), _flat(ours["architecture"])
+    for key in sorted(
+        set(there) | set(here), key=lambda k: (_FIRST.index(k) if k in _FIRST else len(_FIRST), k)
+    ):
+        if there.get(key) != here.get(key):
+            found.append(f"{key} {there.get(key)} there, {here.get(key)} here")
+    return found
+
+
+def check_model_record(folder: Path, record: dict[str, Any], *, step: int, dump_folder: str) -> None:
+    """Refuse to resume from checkpoints of another model; checkpoints without a record are not judged."""
+    path = folder / RECORD_NAME
+    if not path.is_file():
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise OtherModelError(
+            f"{path}: unreadable ({err}); it records which model the checkpoints hold"
+        ) from None
+    differences = _differences(saved if isinstance(saved, dict) else {}, record)
+    if differences:
+        shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
+        raise OtherModelError(
+            f"--dump_folder {dump_folder}: its checkpoints (newest: step {step} in {folder}) are of another model "
+            f"than this run's ({shown}); pass a new --dump_folder, or delete {folder} to start over"
+        )

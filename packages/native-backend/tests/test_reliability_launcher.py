@@ -1,0 +1,649 @@
+"""docs/reliability.md, the rows the launcher stops before any rank starts.
+
+Each case runs the real launcher (``cli.launch.run``, what the ``train`` console script runs) in this
+process, so torchtitan is imported once for all of them: the run's config is parsed as torchrun's
+ranks would parse it and every rank-free check runs on it. Each asserts the exit code, one ``train:``
+line naming the culprit, no traceback or torchrun report, and that nothing under the test's directory
+(the dump folder, the user's model and data files) was created, changed or deleted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from qwen3_titan_common.cli.launch import run
+from qwen3_titan_common.runtime.dump_lock import DumpFolderLock
+from qwen3_titan_common.train.model_record import model_record, write_model_record
+from qwen3_titan_native.launch import BACKEND
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.edges import changes, check_failure, snapshot
+from safetensors.torch import load_file, save_file
+
+GOOD = json.dumps({"text": "A perfectly fine document with some words in it."})
+GOOD_CHAT = json.dumps(
+    {"messages": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hi."}]}
+)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """One tiny real checkpoint (config.json, safetensors, tokenizer), copied into each test that needs one."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("pristine") / "model")
+
+
+@pytest.fixture
+def model(tmp_path, pristine):
+    return Path(shutil.copytree(pristine, tmp_path / "model"))
+
+
+@pytest.fixture
+def fails(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    saved = dict(os.environ)  # a dry run sets the fake rank's environment
+
+    def _fails(argv, *culprit, code=2, dump=True):
+        capfd.readouterr()
+        before = snapshot(tmp_path)
+        args = [*argv, "--dump_folder", str(tmp_path / "out")] if dump else list(argv)
+        rc = run(BACKEND, args)
+        out = capfd.readouterr()
+        failure = check_failure(rc, out.out, out.err, code, *culprit)
+        assert changes(before, snapshot(tmp_path)) == []
+        return failure.line
+
+    yield _fails
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# -- launcher flags ------------------------------------------------------------------------------
+
+
+def test_config_unknown(fails):
+    fails(["--config", "qwen3_70b"], "--config qwen3_70b", "available: debug")
+
+
+def test_module_unknown(fails):
+    fails(["--module", "not_a_module"], "--module not_a_module")
+
+
+def test_nproc_zero(fails):
+    fails(["--nproc", "0"], "--nproc=0", "positive integer")
+
+
+def test_nproc_not_a_number(fails):
+    fails(["--nproc", "four"], "--nproc", "invalid int value: 'four'")
+
+
+def test_nnodes_zero(fails):
+    fails(["--nnodes", "0"], "--nnodes=0", "positive integer")
+
+
+def test_multi_node_without_rendezvous(fails, monkeypatch):
+    for name in ("MASTER_ADDR", "RDZV_ENDPOINT", "SLURM_NNODES"):
+        monkeypatch.delenv(name, raising=False)
+    fails(["--nnodes", "2"], "--nnodes=2", "--rdzv-endpoint")
+
+
+def test_node_rank_out_of_range(fails):
+    fails(["--nnodes", "2", "--node-rank", "5", "--rdzv-endpoint", "h:1"], "--node-rank=5")
+
+
+def test_forced_device_unknown(fails, monkeypatch):
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "tpu")
+    fails([], "QWEN3_TITAN_DEVICE='tpu'")
+
+
+# -- torchtitan flags, parsed by torchtitan's own parser in the launcher ------------------------------
+
+
+def test_torchtitan_flag_unknown(fails):
+    fails(["--training.stepz", "5"], "--training.stepz")
+
+
+def test_torchtitan_flag_wrong_type(fails):
+    fails(["--training.steps", "many"], "many")
+
+
+def test_torchtitan_boolean_with_equals(fails):
+    fails(["--checkpoint.enable=False"], "--checkpoint.enable=False")
+
+
+def test_checkpoint_interval_zero(fails):
+    fails(["--checkpoint.interval", "0"], "interval")
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--training.steps", "0"), ("--training.steps", "-5"), ("--training.local_batch_size", "0"),
+     ("--training.seq_len", "0")],
+    ids=["steps-zero", "steps-negative", "batch-zero", "seq-len-zero"],
+)  # fmt: skip
+def test_counts_below_one(fails, flag, value):
+    fails([flag, value], f"{flag} {value}", "expected a positive integer")
+
+
+def test_seq_len_longer_than_the_model(fails):
+    fails(["--training.seq_len", "4096"], "--training.seq_len 4096", "max_position_embeddings 2048")
+
+
+# -- parallel layout ---------------------------------------------------------------------------
+
+
+def test_seq_len_not_divisible_by_tensor_parallel(fails):
+    fails(
+        ["--nproc", "2", "--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"],
+        "--training.seq_len 255", "multiple of 2", "tensor_parallel_degree 2",
+    )  # fmt: skip
+
+
+def test_dry_run_runs_the_same_checks(fails):
+    # The issue's case: this dry run used to say "ok" for a run that then died.
+    fails(
+        ["--dry-run", "--nproc", "2", "--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"],
+        "--training.seq_len 255", "multiple of 2",
+    )  # fmt: skip
+
+
+def test_seq_len_not_divisible_by_context_parallel(fails):
+    fails(
+        ["--nproc", "2", "--parallelism.context_parallel_degree", "2", "--training.seq_len", "258"],
+        "--training.seq_len 258", "multiple of 4", "context_parallel_degree 2",
+    )  # fmt: skip
+
+
+def test_context_parallel_with_sdpa(fails):
+    fails(["--nproc", "2", "--parallelism.context_parallel_degree", "2"], "context_parallel_degree 2", "SDPA")
+
+
+def test_tensor_parallel_degree_and_kv_heads(fails):
+    fails(
+        ["--nproc", "4", "--parallelism.tensor_parallel_degree", "4"],
+        "--parallelism.tensor_parallel_degree 4", "num_key_value_heads 2",
+    )  # fmt: skip
+
+
+def test_tensor_parallel_larger_than_the_ranks(fails):
+    fails(["--nproc", "1", "--parallelism.tensor_parallel_degree", "2"], "tensor 2", "1 ranks")
+
+
+def test_degrees_that_do_not_multiply(fails):
+    fails(["--nproc", "4", "--parallelism.data_parallel_shard_degree", "3"], "dp_shard 3", "expected 4 ranks")
+
+
+def test_degree_zero(fails):
+    fails(["--parallelism.tensor_parallel_degree", "0"], "--parallelism.tensor_parallel_degree=0")
+
+
+def test_expert_parallel_and_experts(fails, tmp_path):
+    moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)  # 4 experts
+    fails(
+        ["--hf-model", str(moe), "--nproc", "3", "--parallelism.expert_parallel_degree", "3",
+         "--training.disable_cuda_graphs"],
+        "--parallelism.expert_parallel_degree 3", "num_experts 4",
+    )  # fmt: skip
+
+
+def test_torchtitan_validation_after_the_model_dir_is_read(fails, tmp_path):
+    # torchtitan refuses EP > 1 with CUDA graphs on (whatever the device) once the MoE model is in the config.
+    moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)
+    fails(
+        ["--hf-model", str(moe), "--nproc", "2", "--parallelism.expert_parallel_degree", "2"],
+        "--config debug with these flags", "--training.disable_cuda_graphs",
+    )  # fmt: skip
+
+
+def test_pipeline_parallel_with_export(fails):
+    fails(
+        ["--nproc", "2", "--parallelism.pipeline_parallel_degree", "2", "--training.disable_cuda_graphs"],
+        "pipeline", "--hf.no-export",
+    )  # fmt: skip
+
+
+# -- other run flags ---------------------------------------------------------------------------
+
+
+def test_override_import_missing(fails):
+    fails(["--override.imports", "no_such_kernels.rope"], "--override.imports no_such_kernels.rope")
+
+
+def test_shard_size_not_a_size(fails):
+    fails(["--hf.max_shard_size", "lots"], "--hf.max_shard_size 'lots'")
+
+
+def test_export_interval_negative(fails):
+    fails(["--hf.export_interval", "-1"], "--hf.export_interval -1")
+
+
+def test_assets_without_tokenizer(fails, tmp_path):
+    (tmp_path / "assets").mkdir()
+    fails(["--hf_assets_path", str(tmp_path / "assets")], "hf_assets_path", "no tokenizer.json")
+
+
+def test_tokenizer_file_corrupt(fails, tmp_path):
+    _write((tmp_path / "assets").mkdir() or tmp_path / "assets" / "tokenizer.json", "{not json")
+    fails(["--hf_assets_path", str(tmp_path / "assets")], "tokenizer.json", "not a readable tokenizer")
+
+
+def test_tokenizer_larger_than_the_vocabulary(fails, tmp_path):
+    small = make_tiny_checkpoint(tmp_path / "small", vocab_size=1024)
+    fails(["--hf-model", str(small)], "4096 tokens", "vocab_size 1024")
+
+
+# -- data --------------------------------------------------------------------------------------
+
+
+def _data(fails, path: Path, *culprit, extra=()):
+    return fails(["--dataloader.dataset", str(path), *extra], *culprit)
+
+
+def test_data_missing(fails, tmp_path):
+    _data(fails, tmp_path / "nowhere.jsonl", "nowhere.jsonl", "no such file")
+
+
+def test_data_unsupported_suffix(fails, tmp_path):
+    _data(fails, _write(tmp_path / "d.csv", "a,b\n"), "d.csv", "unsupported file type '.csv'")
+
+
+def test_data_directory_without_data_files(fails, tmp_path):
+    (tmp_path / "dir").mkdir()
+    _write(tmp_path / "dir" / "notes.txt", "x")
+    _data(fails, tmp_path / "dir", "holds no .jsonl", "notes.txt")
+
+
+def test_data_empty_file(fails, tmp_path):
+    _data(fails, _write(tmp_path / "d.jsonl", "\n\n"), "d.jsonl", "no records")
+
+
+def test_data_gzip_named_jsonl(fails, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(gzip.compress((GOOD + "\n").encode()))
+    _data(fails, path, "d.jsonl", "gzip-compressed", "gunzip")
+
+
+def test_data_binary_named_jsonl(fails, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(bytes(range(256)) * 4)
+    _data(fails, path, "d.jsonl", "binary file")
+
+
+def test_data_json_array_named_jsonl(fails, tmp_path):
+    _data(fails, _write(tmp_path / "d.jsonl", json.dumps([{"text": "a"}])), "d.jsonl", "JSON array")
+
+
+def test_data_pretty_printed_json(fails, tmp_path):
+    path = _write(tmp_path / "d.json", json.dumps({"rows": [{"text": "a"}]}, indent=2))
+    _data(fails, path, "d.json", "is not JSON Lines")
+
+
+def test_data_parquet_truncated(fails, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"text": ["some text"] * 50}), path)
+    path.write_bytes(path.read_bytes()[:-20])
+    _data(fails, path, "d.parquet", "not a readable Parquet file")
+
+
+def test_data_parquet_named_jsonl(fails, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["a"]}), tmp_path / "d.jsonl")
+    _data(fails, tmp_path / "d.jsonl", "d.jsonl", "is a Parquet file")
+
+
+@pytest.mark.parametrize(
+    ("line", "culprit"),
+    [
+        ('{"text": "unterminated', "line is not JSON"),
+        (json.dumps({"body": "x"}), "field 'text' missing"),
+        (json.dumps({"text": 42}), "field 'text' is a number"),
+        (json.dumps({"text": "  "}), "field 'text' is empty"),
+    ],
+    ids=["not-json", "missing-field", "wrong-type", "empty-text"],
+)
+def test_data_bad_first_records(fails, tmp_path, line, culprit):
+    path = _write(tmp_path / "d.jsonl", "\n".join([GOOD, GOOD, line, GOOD]) + "\n")
+    _data(fails, path, "d.jsonl:3", culprit, "--dataloader.on_bad_record skip")
+
+
+@pytest.mark.parametrize(
+    ("line", "culprit"),
+    [
+        (json.dumps({"messages": [{"role": "user", "content": "Hi?"}]}), "no assistant turn"),
+        (json.dumps({"messages": "Hi"}), "field 'messages' is a string"),
+    ],
+    ids=["no-assistant", "messages-not-a-list"],
+)
+def test_data_bad_first_chat_records(fails, tmp_path, line, culprit):
+    path = _write(tmp_path / "chat.jsonl", "\n".join([GOOD_CHAT, line]) + "\n")
+    _data(fails, path, "chat.jsonl:2", culprit)
+
+
+def test_data_not_utf8(fails, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes((GOOD + "\n").encode() + b'{"text": "caf\xe9"}\n')
+    _data(fails, path, "d.jsonl:2", "not UTF-8")
+
+
+def test_data_record_over_the_size_limit(fails, tmp_path):
+    path = _write(tmp_path / "d.jsonl", GOOD + "\n" + json.dumps({"text": "x" * 5000}) + "\n")
+    _data(fails, path, "d.jsonl:2", "over the 1,000 bytes limit", "--dataloader.max_record_bytes",
+          extra=["--dataloader.max_record_bytes", "1000"])  # fmt: skip
+
+
+def test_data_size_limit_not_positive(fails, tmp_path):
+    path = _write(tmp_path / "d.jsonl", GOOD + "\n")
+    _data(fails, path, "--dataloader.max_record_bytes 0", extra=["--dataloader.max_record_bytes", "0"])
+
+
+def test_data_every_record_bad_when_skipping(fails, tmp_path):
+    path = _write(tmp_path / "d.jsonl", json.dumps({"body": 1}) + "\n" + json.dumps({"body": 2}) + "\n")
+    extra = ["--dataloader.on_bad_record", "skip", "--dataloader.format", "text"]
+    _data(fails, path, "no usable record", "d.jsonl:1", extra=extra)
+
+
+def test_data_fields_neither_text_nor_chat(fails, tmp_path):
+    path = _write(tmp_path / "d.jsonl", json.dumps({"body": 1}) + "\n")
+    _data(fails, path, "d.jsonl:1", "neither field 'messages' (chat) nor 'text'", "(fields: body)")
+
+
+def test_data_fewer_records_than_ranks(fails, tmp_path):
+    path = _write(tmp_path / "d.jsonl", GOOD + "\n")
+    _data(fails, path, "1 record(s) cannot be shared by 2", extra=["--nproc", "2"])
+
+
+def test_data_dataset_path_flag(fails, tmp_path):
+    fails(["--dataloader.dataset_path", str(tmp_path)], "--dataloader.dataset_path", "--dataloader.dataset")
+
+
+def test_data_split_missing(fails, tmp_path):
+    (tmp_path / "dir").mkdir()
+    _write(tmp_path / "dir" / "train.jsonl", GOOD + "\n")
+    _write(tmp_path / "dir" / "test.jsonl", GOOD + "\n")
+    _data(fails, tmp_path / "dir", "no split 'validation'", extra=["--dataloader.split", "validation"])
+
+
+def test_data_chat_format_on_text_records(fails, tmp_path):
+    path = _write(tmp_path / "d.jsonl", GOOD + "\n")
+    _data(fails, path, "d.jsonl", "'messages'", extra=["--dataloader.format", "chat"])
+
+
+def test_data_saved_dataset_damaged(fails, tmp_path):
+    from datasets import Dataset
+
+    saved = tmp_path / "saved"
+    Dataset.from_dict({"text": ["a b c"] * 20}).save_to_disk(str(saved))
+    for arrow in saved.glob("*.arrow"):
+        arrow.write_bytes(arrow.read_bytes()[:64])
+    _data(fails, saved, "saved", "does not load")
+
+
+# -- the Hugging Face model directory --------------------------------------------------------------
+
+
+def _rewrite_header(path: Path, change) -> None:
+    """Rewrite a safetensors file's JSON header with ``change(header)``, keeping its data bytes."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    change(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + raw[8 + length :])
+
+
+def _retensor(model: Path, change) -> None:
+    tensors = load_file(model / "model.safetensors")
+    change(tensors)
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_model_dir_missing(fails, tmp_path):
+    fails(["--hf-model", str(tmp_path / "nowhere")], "nowhere", "no such directory")
+
+
+def test_lora_adapter_missing(fails, tmp_path):
+    fails(
+        ["--lora.adapter", str(tmp_path / "nowhere")],
+        "--lora.adapter",
+        "nowhere",
+        "no adapter_config.json there",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "hint"),
+    [
+        ("Qwen/Qwen3-0.6B", "hf download Qwen/Qwen3-0.6B --local-dir DIR"),
+        ("hf://Qwen/Qwen3-0.6B", "hf download Qwen/Qwen3-0.6B --local-dir DIR"),
+        ("s3://bucket/qwen3", "aws s3 cp --recursive s3://bucket/qwen3 DIR"),
+    ],
+    ids=["hub-id", "hf-scheme", "s3"],
+)
+def test_model_dir_remote_names_keep_their_form(fails, name, hint):
+    fails(["--hf-model", name], f"--hf.model_dir {name}:", hint)
+
+
+def test_model_dir_is_a_file(fails, model):
+    fails(["--hf-model", str(model / "model.safetensors")], "model.safetensors", "is a file, not a directory")
+
+
+def test_model_dir_without_config(fails, model):
+    (model / "config.json").unlink()
+    fails(["--hf-model", str(model)], "config.json")
+
+
+def test_model_dir_config_not_json(fails, model):
+    _write(model / "config.json", "{oops")
+    fails(["--hf-model", str(model)], "config.json")
+
+
+def test_model_dir_unsupported_rope_scaling(fails, model):
+    config = json.loads((model / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    _write(model / "config.json", json.dumps(config))
+    fails(["--hf-model", str(model)], "rope_scaling")
+
+
+def test_model_dir_missing_a_layer(fails, model):
+    _retensor(model, lambda t: [t.pop(k) for k in [k for k in t if k.startswith("model.layers.1.")]])
+    fails(["--hf-model", str(model)], "missing 11", "model.layers.1.")
+
+
+def test_model_dir_extra_key(fails, model):
+    _retensor(model, lambda t: t.update({"model.extra.weight": torch.ones(2)}))
+    fails(["--hf-model", str(model)], "unexpected 1: model.extra.weight")
+
+
+def test_model_dir_shape_mismatch(fails, model):
+    _retensor(model, lambda t: t.update({"model.norm.weight": torch.ones(65)}))
+    fails(["--hf-model", str(model)], "model.norm.weight (expected [64], found [65])")
+
+
+def test_model_dir_truncated_weights(fails, model):
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    fails(["--hf-model", str(model)], "model.safetensors", "truncated")
+
+
+def test_model_dir_garbage_weights(fails, model):
+    (model / "model.safetensors").write_bytes(b"\x00\x01" * 100)
+    fails(["--hf-model", str(model)], "model.safetensors", "corrupt")
+
+
+def test_model_dir_index_names_a_missing_shard(fails, tmp_path):
+    sharded = make_tiny_checkpoint(tmp_path / "sharded", max_shard_size="100KB")
+    shard = sorted(sharded.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    fails(["--hf-model", str(sharded)], shard.name, "missing")
+
+
+def test_model_dir_pickle_weights_only(fails, model):
+    (model / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(1)}, model / "pytorch_model.bin")
+    fails(["--hf-model", str(model)], "pytorch_model.bin", "never loaded")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shown"), [(torch.int8, "int8"), (torch.bool, "bool"), (torch.float8_e4m3fn, "float8_e4m3fn")]
+)
+def test_model_dir_non_floating_weights(fails, model, dtype, shown):
+    key = "model.layers.0.mlp.up_proj.weight"
+    _retensor(model, lambda t: t.update({key: t[key].to(dtype)}))
+    fails(["--hf-model", str(model)], f"'{key}' is {shown} on disk", "floating-point")
+
+
+def test_model_dir_offsets_do_not_match_the_shape(fails, model):
+    key = "model.norm.weight"
+
+    def change(header):
+        header[key]["shape"] = [32]  # 64 floats on disk
+
+    _rewrite_header(model / "model.safetensors", change)
+    fails(["--hf-model", str(model)], f"tensor '{key}'", "shape [32] x F32 is 128 bytes", "span 256")
+
+
+# -- what the user owns is never overwritten -------------------------------------------------------
+
+
+def test_export_dir_is_the_model_dir(fails, model):
+    fails(["--hf-model", str(model), "--hf.export_dir", str(model)], "is the model directory being trained")
+
+
+def test_export_dir_contains_the_model_dir(fails, tmp_path):
+    # The issue's case: exports to the model's parent replaced it (step-30/) and deleted its README.
+    source = make_tiny_checkpoint(tmp_path / "models" / "step-30")
+    _write(source / "README.md", "my notes")
+    fails(
+        ["--hf-model", str(source), "--hf.export_dir", str(tmp_path / "models"), "--training.steps", "30"],
+        "contains the model directory being trained",
+    )  # fmt: skip
+
+
+def test_export_dir_inside_the_model_dir(fails, model):
+    fails(
+        ["--hf-model", str(model), "--hf.export_dir", str(model / "exports")],
+        "lies inside the model directory",
+    )
+
+
+def test_dump_folder_is_the_model_dir(fails, model):
+    fails(["--hf-model", str(model), "--hf.export_dir", "elsewhere", "--dump_folder", str(model)],
+          "--dump_folder", "is the model directory being trained", dump=False)  # fmt: skip
+
+
+def test_export_dir_holds_foreign_files(fails, tmp_path):
+    (tmp_path / "mine").mkdir()
+    _write(tmp_path / "mine" / "README.md", "keep me")
+    fails(["--hf.export_dir", str(tmp_path / "mine")], "did not write (README.md)")
+
+
+def test_export_dir_holds_a_step_dir_without_the_marker(fails, tmp_path):
+    (tmp_path / "out" / "hf" / "step-30").mkdir(parents=True)
+    _write(tmp_path / "out" / "hf" / "step-30" / "model.safetensors", "mine")
+    fails([], "the export directory", "did not write (step-30)")
+
+
+def test_export_dir_is_the_checkpoint_folder(fails, tmp_path):
+    fails(["--hf.export_dir", str(tmp_path / "out" / "checkpoint")], "the checkpoint folder")
+
+
+def test_export_dir_is_a_file(fails, tmp_path):
+    _write(tmp_path / "exports", "x")
+    fails(["--hf.export_dir", str(tmp_path / "exports")], "exports", "is a file")
+
+
+def test_dump_folder_is_a_file(fails, tmp_path):
+    _write(tmp_path / "out", "x")
+    fails([], "--dump_folder", "is a file, not a directory")
+
+
+def test_dump_folder_under_a_file(fails, tmp_path):
+    _write(tmp_path / "afile", "x")
+    fails(["--dump_folder", str(tmp_path / "afile" / "run")], "afile is a file", dump=False)
+
+
+def test_dump_folder_in_use_by_another_run(fails, tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from qwen3_titan_common.runtime.dump_lock import DumpFolderLock; "
+         f"lock = DumpFolderLock({str(tmp_path / 'out')!r}); lock.acquire(); print('held', flush=True); "
+         "time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        fails([], "in use by another training run", f"(PID {holder.pid})")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_dump_folder_lock_is_released_when_its_holder_dies(tmp_path):
+    lock = DumpFolderLock(tmp_path / "out")
+    lock.acquire()
+    lock.release()
+    again = DumpFolderLock(tmp_path / "out")
+    again.acquire()  # no error: a lock file alone does not block
+    again.release()
+
+
+def _checkpoint_of(folder: Path, record: dict, step: int = 5) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(folder / f"step-{step}"))
+    write_model_record(folder, record)
+
+
+def test_dump_folder_holds_checkpoints_of_another_model(fails, tmp_path, model):
+    from qwen3_titan_common.assets import default_architecture
+
+    _checkpoint_of(tmp_path / "out" / "checkpoint", model_record("qwen3", default_architecture()))
+    fails(
+        ["--hf-model", str(model)],
+        "its checkpoints (newest: step 5",
+        "another model",
+        "hidden_size 256 there, 64 here",
+    )
+
+
+def test_dump_folder_holds_checkpoints_of_another_backend(fails, tmp_path):
+    from qwen3_titan_common.assets import default_architecture
+
+    _checkpoint_of(tmp_path / "out" / "checkpoint", model_record("hf_v5", default_architecture()))
+    fails([], "another model", "model hf_v5 there, qwen3 here")
+
+
+def test_interrupted_before_any_rank(tmp_path):
+    """Ctrl-C while the launcher parses and checks: one line, exit 130, nothing written."""
+    import signal
+    import time
+
+    train = str(Path(sys.executable).with_name("train"))
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
+    before = snapshot(tmp_path)
+    proc = subprocess.Popen([train, "--dump_folder", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.0)  # torchtitan's import alone takes longer than this
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    check_failure(proc.returncode, out, err, 130, "interrupted before any rank started")
+    assert changes(before, snapshot(tmp_path)) == []

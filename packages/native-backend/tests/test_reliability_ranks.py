@@ -1,0 +1,277 @@
+"""docs/reliability.md, the rows only a rank can see: the real ``train`` command, real ranks.
+
+Each asserts the exit code, one ``train:`` line naming the culprit, no traceback or torchrun report in
+what the user sees, the full text kept in the run's log, and that the user's own files (data, model
+directory) are unchanged; a run that started writes only its documented outputs into its dump folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.edges import changes, check_failure, on_small_filesystem, snapshot, unshare_available
+from safetensors.torch import load_file, save_file
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+# What a run that started may write into its dump folder (docs/reliability.md): its log and lock, and
+# torchtitan's own outputs (TensorBoard, communication traces, complete step checkpoints).
+RUN_OUTPUTS = ("logs", ".train.lock", "tb", "comm_traces", "checkpoint")
+QUICK = ["--checkpoint.no-enable", "--hf.no-export"]
+LR_FLAG = "--optimizer.param-groups.0.optimizer-kwargs.lr"  # torchtitan 0.3.0's flag for AdamW's lr
+GOOD = json.dumps({"text": "A perfectly fine document with some words in it, and a few more."})
+
+pytestmark = pytest.mark.slow
+
+
+def _env(tag: str | None = None) -> dict[str, str]:
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
+    if tag:
+        env["QWEN3_TITAN_TEST_TAG"] = tag  # finds every process of this run in /proc afterwards
+    return env
+
+
+def _allowed(dump: Path) -> tuple[Path, ...]:
+    return (dump, *(dump / name for name in RUN_OUTPUTS))
+
+
+def _fails(tmp_path: Path, args: list[str], code: int, *culprit: str, timeout: int = 900) -> str:
+    dump = tmp_path / "out"
+    before = snapshot(tmp_path)
+    proc = subprocess.run(
+        [TRAIN, *args, "--dump_folder", str(dump)], cwd=tmp_path, env=_env(),
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    failure = check_failure(proc.returncode, proc.stdout, proc.stderr, code, *culprit)
+    assert changes(before, snapshot(tmp_path), allowed_under=_allowed(dump)) == []
+    logs = list((dump / "logs").glob("train-*.log"))
+    assert len(logs) == 1 and "Traceback" in logs[0].read_text(), "the full text belongs in the run's log"
+    return failure.line
+
+
+def _text_file(path: Path, bad_at: int, bad: str, lines: int = 160) -> Path:
+    rows = [GOOD] * lines
+    rows[bad_at - 1] = bad
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_bad_record_deep_in_the_file(tmp_path):
+    # Beyond the first records the launcher reads: found by the loader inside the rank.
+    data = _text_file(tmp_path / "d.jsonl", 100, json.dumps({"body": "x"}))
+    args = ["--dataloader.dataset", str(data), "--dataloader.no-shuffle", "--training.steps", "40",
+            "--training.seq_len", "64", "--training.local_batch_size", "4", *QUICK]  # fmt: skip
+    _fails(tmp_path, args, 2, "d.jsonl:100", "field 'text' missing", "--dataloader.on_bad_record skip")
+
+
+def test_bad_record_in_the_share_of_rank_1(tmp_path):
+    # Rank 1's output is not shown on the terminal (torchrun --local-ranks-filter 0): its error comes
+    # from its own log (torchrun --log-dir).
+    data = _text_file(tmp_path / "d.jsonl", 100, json.dumps({"text": 7}))  # record 99: rank 1 of 2
+    args = ["--nproc", "2", "--dataloader.dataset", str(data), "--dataloader.no-shuffle", "--training.steps",
+            "40", "--training.seq_len", "64", "--training.local_batch_size", "4", *QUICK]  # fmt: skip
+    _fails(tmp_path, args, 2, "d.jsonl:100", "field 'text' is a number")
+
+
+def test_non_finite_weight_in_the_model_dir(tmp_path):
+    model = make_tiny_checkpoint(tmp_path / "model")
+    tensors = load_file(model / "model.safetensors")
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    _fails(
+        tmp_path, ["--hf-model", str(model), *QUICK], 2, str(model), "layers.1.feed_forward.w2", "NaN or Inf"
+    )
+
+
+def test_loss_that_is_not_finite(tmp_path):
+    args = [LR_FLAG, "1e30", "--lr_scheduler.warmup_steps", "0", "--training.steps", "8", *QUICK]
+    _fails(tmp_path, args, 2, "the loss is not finite", LR_FLAG)
+
+
+def test_checkpoints_of_another_model_in_the_readme_order(tmp_path):
+    """README: `train` (the embedded default), then `train --hf-model DIR` into the same folder."""
+    dump = tmp_path / "out"
+    first = subprocess.run(
+        [TRAIN, "--training.steps", "2", "--hf.no-export", "--dump_folder", str(dump)],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    model = make_tiny_checkpoint(tmp_path / "model")
+    before = snapshot(tmp_path)
+    proc = subprocess.run(
+        [TRAIN, "--hf-model", str(model), "--dump_folder", str(dump)],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    check_failure(
+        proc.returncode, proc.stdout, proc.stderr, 2, "its checkpoints (newest: step 2", "another model"
+    )
+    assert changes(before, snapshot(tmp_path)) == []
+
+
+def _processes_tagged(tag: str) -> list[int]:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"QWEN3_TITAN_TEST_TAG={tag}".encode() in environ.read_bytes():
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _start(tmp_path: Path, args: list[str], tag: str) -> tuple[subprocess.Popen, list[str], threading.Event]:
+    """The launcher in a session of its own (as a terminal runs it), its output read as it comes."""
+    proc = subprocess.Popen(
+        [TRAIN, *args, "--dump_folder", str(tmp_path / "out")], cwd=tmp_path, env=_env(tag),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    stepped = threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if "step:" in line and "loss:" in line and "step:  3" in line:
+                stepped.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    return proc, lines, stepped
+
+
+def test_ctrl_c_during_training(tmp_path):
+    tag = uuid.uuid4().hex
+    args = ["--training.steps", "500", "--checkpoint.interval", "2", "--hf.no-export"]
+    proc, lines, stepped = _start(tmp_path, args, tag)
+    assert stepped.wait(600), "".join(lines)[-3000:]
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal sends: the foreground process group
+    proc.wait(timeout=300)
+    time.sleep(1)
+    output = "".join(lines)
+    failure = check_failure(
+        proc.returncode, "", output, 130, "interrupted at step", "newest complete checkpoint: step"
+    )
+    assert failure.line.endswith("rerun the same command to resume")
+    newest = int(failure.line.split("newest complete checkpoint: step ")[1].split()[0])
+    assert newest >= 2 and (tmp_path / "out" / "checkpoint" / f"step-{newest}" / ".metadata").is_file()
+    assert _processes_tagged(tag) == [], "processes of the run outlived it"
+
+
+def test_rank_killed_by_the_system(tmp_path):
+    tag = uuid.uuid4().hex
+    proc, lines, stepped = _start(tmp_path, ["--training.steps", "500", *QUICK], tag)
+    assert stepped.wait(600), "".join(lines)[-3000:]
+    ranks = [p for p in _processes_tagged(tag) if b"torchtitan.train" in Path(f"/proc/{p}/cmdline").read_bytes()
+             and b"torchrun" not in Path(f"/proc/{p}/cmdline").read_bytes()]  # fmt: skip
+    assert ranks, "no rank process found"
+    os.kill(ranks[0], signal.SIGKILL)  # as the kernel's OOM killer does
+    proc.wait(timeout=300)
+    failure = check_failure(
+        proc.returncode, "", "".join(lines), 1, "rank 0 was killed by SIGKILL", "the full log is in"
+    )
+    assert Path(failure.line.split("the full log is in ")[1].split(" (")[0]).is_file()
+
+
+needs_unshare = pytest.mark.skipif(
+    not unshare_available(), reason="needs unshare (user and mount namespaces)"
+)
+
+
+@needs_unshare
+def test_dump_folder_on_a_read_only_file_system(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    command = on_small_filesystem(
+        [TRAIN, "--dump_folder", str(mount / "out")], mount, size="1m", read_only=True
+    )
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    check_failure(proc.returncode, proc.stdout, proc.stderr, 2, "--dump_folder", "read-only file system")
+
+
+@needs_unshare
+def test_disk_too_small_for_the_first_checkpoint(tmp_path):
+    # The embedded default's checkpoint is 55.6 MB on disk (53 MB once passed the old check, then filled up).
+    mount = tmp_path / "small"
+    mount.mkdir()
+    command = on_small_filesystem([TRAIN, "--dump_folder", str(mount / "out")], mount, size="60m")
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    check_failure(
+        proc.returncode, proc.stdout, proc.stderr, 2, str(mount / "out"), "not enough free disk space",
+        "first step checkpoint", "GB free",
+    )  # fmt: skip
+
+
+@needs_unshare
+def test_disk_filled_by_something_else_during_the_run(tmp_path):
+    # The run starts with room; another writer fills the disk before the step-3 checkpoint.
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    dump = mount / "out"
+    train = [
+        TRAIN,
+        "--training.steps",
+        "6",
+        "--checkpoint.interval",
+        "3",
+        "--hf.no-export",
+        "--dump_folder",
+        str(dump),
+    ]
+    run, rc = tmp_path / "run.txt", tmp_path / "rc"  # outside the disk that fills up
+    fill = (
+        f"( {' '.join(train)} > {run} 2>&1; echo $? > {rc} ) & "
+        f"until grep -q 'step:  1' {run} 2>/dev/null; do sleep 0.2; done; "
+        f"dd if=/dev/zero of={mount}/filler bs=1M 2>/dev/null; wait; cat {run}; exit $(cat {rc})"
+    )
+    command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+               f"mount -t tmpfs -o size=150m tmpfs {mount} && {fill}"]  # fmt: skip
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+    check_failure(proc.returncode, "", proc.stdout + proc.stderr, 2, str(dump), "disk")
+
+
+@needs_unshare
+def test_checkpoint_onto_a_full_disk_is_named(tmp_path):
+    """DCP wraps each rank's write error in a CheckpointException (a BaseException), and torch.save
+    under it reports ENOSPC as `RuntimeError: ... unexpected pos`: the full disk is still named."""
+    script = (
+        "import torch, torch.distributed.checkpoint as dcp\n"
+        "from qwen3_titan_common.train.rank_errors import translate\n"
+        "try:\n"
+        f"    dcp.save({{'w': torch.ones(4 * 1024 * 1024)}}, checkpoint_id={str(tmp_path / 'disk' / 'step-1')!r})\n"
+        "except BaseException as err:  # CheckpointException is not an Exception\n"
+        f"    print(translate(err, {str(tmp_path / 'disk')!r}))\n"
+    )
+    (tmp_path / "disk").mkdir()
+    command = on_small_filesystem([sys.executable, "-c", script], tmp_path / "disk", size="8m")
+    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert "the disk filled up (No space left on device)" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert str(tmp_path / "disk") in proc.stdout
+
+
+@needs_unshare
+def test_export_onto_a_full_disk_is_named(tmp_path):
+    script = (
+        "import torch; from pathlib import Path; "
+        "from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir; "
+        "from qwen3_titan_common.errors import UserInputError\n"
+        f"spec = ExportSpec(out_dir=Path({str(tmp_path / 'disk' / 'step-1')!r}), config={{}}, dtype=torch.float32, "
+        "shapes={'w': (10 * 1024 * 1024,)})\n"
+        "try:\n"
+        "    # 40 MB of tensors, told to need 1 byte: the free-space check passes, the write fills the disk\n"
+        "    export_hf_dir(spec, [('w', torch.ones(10 * 1024 * 1024))], expected_bytes=1)\n"
+        "except UserInputError as err:\n"
+        "    print(err)\n"
+    )
+    (tmp_path / "disk").mkdir()
+    command = on_small_filesystem([sys.executable, "-c", script], tmp_path / "disk", size="32m")
+    proc = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert "the disk filled up while writing the export" in proc.stdout, proc.stdout + proc.stderr
+    assert str(tmp_path / "disk" / "step-1") in proc.stdout
