@@ -22,6 +22,7 @@ from pathlib import Path
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.plan import Backend
+from qwen3_titan_common.runtime.argv import flag_value
 
 BACKENDS_GROUP = "qwen3_titan.backends"
 BACKEND_ENV = "QWEN3_TITAN_BACKEND"
@@ -66,17 +67,6 @@ def _uv_parent_package() -> str | None:
         if arg.startswith("--package="):
             return arg.split("=", 1)[1]
     return None
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag VALUE`` or ``flag=VALUE`` in ``argv`` (the last one wins, as in argparse)."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def recipe_providers(installed: dict[str, Backend], config: str) -> list[Backend]:

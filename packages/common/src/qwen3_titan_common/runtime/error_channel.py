@@ -11,27 +11,20 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
-import tempfile
-import uuid
+
+from qwen3_titan_common.runtime.local_socket import socket_address, unique_socket_name
 
 CHANNEL_ENV = "QWEN3_TITAN_ERROR_CHANNEL"
 _MAX_BYTES = 8192
-
-
-def _address(name: str) -> str:
-    if sys.platform.startswith("linux"):
-        return "\0" + name  # the abstract namespace: nothing on disk
-    return os.path.join(tempfile.gettempdir(), name)
 
 
 class ErrorChannel:
     """The launcher's end: opened before torchrun starts, read after it exits."""
 
     def __init__(self) -> None:
-        self.name = f"qwen3-titan-errors-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.name = unique_socket_name("errors")
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._socket.bind(_address(self.name))
+        self._socket.bind(socket_address(self.name))
         self._socket.setblocking(False)
 
     def env(self) -> dict[str, str]:
@@ -50,7 +43,7 @@ class ErrorChannel:
 
     def close(self) -> None:
         self._socket.close()
-        address = _address(self.name)
+        address = socket_address(self.name)
         if not address.startswith("\0") and os.path.exists(address):
             os.unlink(address)
 
@@ -63,6 +56,6 @@ def report(message: str) -> None:
     data = f"{os.environ.get('RANK', '-1')} {message}".encode()[:_MAX_BYTES]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-            sender.sendto(data, _address(name))
+            sender.sendto(data, socket_address(name))
     except OSError:
         pass

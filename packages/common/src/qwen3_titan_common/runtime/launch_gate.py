@@ -18,27 +18,21 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import tempfile
 import threading
-import uuid
+
+from qwen3_titan_common.runtime.local_socket import socket_address, unique_socket_name
 
 GATE_ENV = "QWEN3_TITAN_LAUNCH_GATE"
 _GO = b"go"
-
-
-def _address(name: str) -> str:
-    if sys.platform.startswith("linux"):
-        return "\0" + name  # the abstract namespace: nothing on disk
-    return os.path.join(tempfile.gettempdir(), name)
 
 
 class LaunchGate:
     """The launcher's end: created before torchrun starts, opened or closed once its checks are done."""
 
     def __init__(self) -> None:
-        self.name = f"qwen3-titan-gate-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.name = unique_socket_name("gate")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(_address(self.name))
+        self._server.bind(socket_address(self.name))
         self._server.listen(64)
         self._waiting: list[socket.socket] = []
         self._state: bytes | None = None  # _GO once opened, b"" once closed
@@ -91,7 +85,7 @@ class LaunchGate:
         try:
             self._server.close()
         finally:
-            address = _address(self.name)
+            address = socket_address(self.name)
             if not address.startswith("\0") and os.path.exists(address):
                 os.unlink(address)
 
@@ -103,7 +97,7 @@ def wait_for_launcher() -> None:
         return
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gate:
         try:
-            gate.connect(_address(name))
+            gate.connect(socket_address(name))
             answer = gate.recv(len(_GO))
         except OSError:
             answer = b""

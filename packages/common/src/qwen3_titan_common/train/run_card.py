@@ -15,19 +15,10 @@ import torch
 
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.model_card import CardFacts, model_card, source_hub_id
+from qwen3_titan_common.runtime.argv import flag_value
 from qwen3_titan_common.train.summary import COMMAND_ENV
 
 _HUB_DOWNLOAD = re.compile(r"\bhf download (\S+)")
-
-
-def _flag(argv: list[str], flag: str) -> str | None:
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def _architecture(arch) -> str:
@@ -67,7 +58,7 @@ def run_card(trainer, step: int) -> str:
     if hub_id is None and config.hf.download_hint:
         match = _HUB_DOWNLOAD.search(config.hf.download_hint)
         hub_id = match.group(1) if match else None
-    module, name = _flag(sys.argv, "--module"), _flag(sys.argv, "--config")
+    module, name = flag_value(sys.argv, "--module"), flag_value(sys.argv, "--config")
     backend = f"torchtitan `--module {module} --config {name}`" if module else type(trainer).__qualname__
     facts = CardFacts(
         base_model=str(model_dir) if model_dir else None,
