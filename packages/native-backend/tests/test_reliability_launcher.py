@@ -642,8 +642,12 @@ def test_interrupted_before_any_rank(tmp_path):
     before = snapshot(tmp_path)
     proc = subprocess.Popen([train, "--dump_folder", str(tmp_path / "out")], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(1.0)  # torchtitan's import alone takes longer than this
+    # The launcher names the backend just before it starts parsing and checking (which takes seconds:
+    # torchtitan's import alone), so a slow machine's interpreter start-up cannot beat the signal.
+    first_line = proc.stderr.readline()
+    assert first_line.startswith("[train] backend:"), first_line
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    check_failure(proc.returncode, out, err, 130, "interrupted before any rank started")
+    check_failure(proc.returncode, out, first_line + err, 130, "interrupted before any rank started")
     assert changes(before, snapshot(tmp_path)) == []

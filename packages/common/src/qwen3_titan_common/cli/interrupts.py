@@ -34,6 +34,11 @@ def notice_interrupts() -> None:
             signal.signal(signum, _handle)
 
 
+def interrupted() -> bool:
+    """Whether a signal arrived since :func:`notice_interrupts`, swallowed or not."""
+    return _seen.is_set()
+
+
 def raise_if_interrupted() -> None:
     """``KeyboardInterrupt`` if a signal arrived since :func:`notice_interrupts`, swallowed or not."""
     if _seen.is_set():

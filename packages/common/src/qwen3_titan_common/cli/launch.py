@@ -16,7 +16,7 @@ import time
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
-from qwen3_titan_common.cli.interrupts import notice_interrupts
+from qwen3_titan_common.cli.interrupts import interrupted, notice_interrupts
 from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
 from qwen3_titan_common.cli.run_summary import print_summary, summary_file, user_command
 from qwen3_titan_common.cli.start_run import start_run
@@ -75,9 +75,11 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
         print(f"train: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("train: interrupted before any rank started; nothing was written", file=sys.stderr)
-        return 130
+        return _interrupted_before_any_rank()
     except Exception as err:
+        if interrupted():
+            # A Ctrl-C inside an import leaves that module half-loaded; what fails next is its consequence.
+            return _interrupted_before_any_rank()
         if os.environ.get(SHOW_TRACEBACK_ENV):
             raise
         reason = (str(err).strip().splitlines() or [""])[0]
@@ -87,6 +89,11 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _interrupted_before_any_rank() -> int:
+    print("train: interrupted before any rank started; nothing was written", file=sys.stderr)
+    return 130
 
 
 def main_for(backend: Backend):
