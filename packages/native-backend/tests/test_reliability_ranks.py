@@ -228,7 +228,7 @@ def test_disk_filled_by_something_else_during_the_run(tmp_path):
     run, rc = tmp_path / "run.txt", tmp_path / "rc"  # outside the disk that fills up
     fill = (
         f"( {' '.join(train)} > {run} 2>&1; echo $? > {rc} ) & "
-        f"until grep -q 'step:  1' {run} 2>/dev/null; do sleep 0.2; done; "
+        f"until grep -qE 'step: +1[/ ]' {run} 2>/dev/null; do sleep 0.2; done; "
         f"dd if=/dev/zero of={mount}/filler bs=1M 2>/dev/null; wait; cat {run}; exit $(cat {rc})"
     )
     command = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",

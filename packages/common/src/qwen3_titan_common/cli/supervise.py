@@ -133,6 +133,7 @@ class _Console:
         self.log, self.show_all = log, show_all
         self.holding = False
         self.held: list[str] = []
+        self.last_step = 0  # the newest step line shown
 
     def hold(self) -> None:
         self.holding = True
@@ -151,8 +152,13 @@ class _Console:
             _TRACEBACK_START.match(text) or _TORCHRUN_FAILURE.match(text) or "╭─" in text
         ):
             self.holding = True
-        if self.holding and _STEP_LINE.search(text):
-            self.release()  # training went on: what was held was not a failure
+        step = _STEP_LINE.search(text)
+        # Training went on: what was held was not a failure. The line of the step in progress can come
+        # after a failure's traceback (stdout and stderr interleave), so only a later step releases.
+        if self.holding and step and int(step.group(1)) > self.last_step + 1:
+            self.release()
+        if step and not self.holding:
+            self.last_step = int(step.group(1))
         if self.holding:
             self.held.append(line)
         else:
