@@ -4,7 +4,6 @@ line naming the file or tensor (transformers' own refusals included); non-finite
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 from pathlib import Path
 
@@ -16,14 +15,10 @@ from qwen3_titan_testing.edges import changes, check_failure, snapshot
 from safetensors.torch import load_file, save_file
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("pristine") / "model")
-
-
 @pytest.fixture
-def model(tmp_path, pristine):
-    return Path(shutil.copytree(pristine, tmp_path / "model"))
+def model(tmp_path):
+    """A fresh tiny checkpoint for each test to damage (a fraction of a second to make)."""
+    return make_tiny_checkpoint(tmp_path / "model")
 
 
 @pytest.fixture
