@@ -23,7 +23,7 @@ def debug():
 
 SHORT = [
     "--lr", "1.5e-4", "--warmup", "7", "--decay", "0.25", "--steps", "42", "--batch-size", "3",
-    "--seq-len", "128", "--checkpoint-every", "11", "--out", "/tmp/knob-run",
+    "--seq-len", "128", "--checkpoint-every", "11", "--out", "outputs/knob-run",
 ]  # fmt: skip
 
 
@@ -63,7 +63,7 @@ def test_every_short_flag_sets_its_torchtitan_field(backend):
     assert config.lr_scheduler.warmup_steps == 7 and config.lr_scheduler.decay_ratio == 0.25
     assert config.training.steps == 42 and config.training.local_batch_size == 3
     assert config.training.seq_len == 128
-    assert config.checkpoint.interval == 11 and config.dump_folder == "/tmp/knob-run"
+    assert config.checkpoint.interval == 11 and config.dump_folder == "outputs/knob-run"
     # Not set, not changed: the config function's own values.
     default = _parsed(backend.module, [])
     assert default.optimizer.param_groups[0].optimizer_kwargs["lr"] == 3e-3
