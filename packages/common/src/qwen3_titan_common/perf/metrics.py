@@ -19,8 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +29,7 @@ from torchtitan.tools.logging import logger
 from qwen3_titan_common.perf.peaks import peak_flops
 from qwen3_titan_common.perf.progress import format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
+from qwen3_titan_common.runtime.quiet import titan_log_level_at_least
 
 GIB = 1024**3
 MEMORY_SOURCES = {"cuda": "CUDA allocator reserved", "neuron": "Neuron device memory", "cpu": "host RSS"}
@@ -50,17 +49,6 @@ def _neuron_peak_memory_bytes() -> int | None:
         if key in stats:
             return int(stats[key])
     return None
-
-
-@contextmanager
-def _without_info_lines() -> Iterator[None]:
-    """torchtitan's ``log`` prints its own step line at INFO; ours replaces it, its metrics stay."""
-    previous = logger.level
-    logger.setLevel(max(previous, logging.WARNING))
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
 
 
 class Qwen3Metrics(MetricsProcessor):
@@ -114,7 +102,8 @@ class Qwen3Metrics(MetricsProcessor):
         self.progress.record(step, global_avg_loss, all_ranks_tokens, seconds, memory)
         eta = self.progress.eta_seconds()
         ours = {"memory/peak(GiB)": memory, **(extra_metrics or {})}
-        with _without_info_lines():
+        # torchtitan's ``log`` prints its own line at INFO; ours replaces it, its metrics stay.
+        with titan_log_level_at_least(logging.WARNING):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
         color = self.color
         mfu_text = f"{mfu:.2f}%" if mfu is not None else "n/a"
@@ -138,7 +127,7 @@ class Qwen3Metrics(MetricsProcessor):
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
         perplexity = math.exp(loss) if loss < 700 else math.inf
         ours = {"validation_metrics/perplexity": perplexity, **(extra_metrics or {})}
-        with _without_info_lines():
+        with titan_log_level_at_least(logging.WARNING):
             super().log_validation(loss, step, extra_metrics=ours)
         color = self.color
         logger.info(

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 
 # torchrun sets it (to 1) for every rank; torchtitan replaces it with 3 and warns that it does.
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -53,3 +54,16 @@ def quiet_what_does_not_apply(device_type: str, world_size: int) -> None:
     drop_nccl_settings_on_gloo(device_type)
     quiet_dtensor_rng_on_one_cpu_rank(device_type, world_size)
     quiet_torchdata_set_vital()
+
+
+@contextmanager
+def titan_log_level_at_least(level: int) -> Iterator[None]:
+    """torchtitan's logger shows nothing below ``level`` inside the block (its own lines that ours replace)."""
+    from torchtitan.tools.logging import logger
+
+    previous = logger.level
+    logger.setLevel(max(previous, level))
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)

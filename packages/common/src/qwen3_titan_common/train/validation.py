@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -29,20 +27,11 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.validation import ValidationDataLoader, choose_validation_data
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.runtime.quiet import titan_log_level_at_least
 
 
 class ValidationConfigError(UserInputError):
     pass
-
-
-@contextmanager
-def _warnings_hidden() -> Iterator[None]:
-    previous = logger.level
-    logger.setLevel(max(previous, logging.ERROR))
-    try:
-        yield
-    finally:
-        logger.setLevel(previous)
 
 
 class Qwen3Validator(Validator):
@@ -69,7 +58,7 @@ class Qwen3Validator(Validator):
     def __init__(self, config: Config, **kwargs):
         # torchtitan warns that `steps -1` may hang when ranks hold different amounts of data; the rows of
         # ValidationDataLoader give every rank the same number of batches, so the warning would mislead.
-        with _warnings_hidden():
+        with titan_log_level_at_least(logging.ERROR):
             Validator.__init__(self, config, **kwargs)
 
     def should_validate(self, step: int) -> bool:
