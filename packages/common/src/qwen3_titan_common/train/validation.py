@@ -9,6 +9,9 @@ the metrics processor (``Qwen3Metrics.log_validation``: the line and TensorBoard
   number of ranks, one pass, every batch full (padding rows carry no labels);
 - it validates at the run's last step too, not only at step 1 and every ``freq`` steps; the schedule is
   by step number, so a resumed run validates at the same steps as an uninterrupted one;
+- it leaves the random generators as it found them: building its data iterator draws a seed from the
+  global generator, and the training steps after a validation would otherwise draw other dropout masks
+  than a run without it, or than a run resumed from the checkpoint saved just before it;
 - bad values (``--validator.freq 0``) are one-line errors instead of assertions.
 
 :func:`with_validation_data` resolves where the data comes from once the training data is known.
@@ -21,6 +24,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import torch
+import torch.nn as nn
 import tyro
 from torchtitan.components.validate import Validator
 from torchtitan.tools.logging import logger
@@ -61,8 +66,20 @@ class Qwen3Validator(Validator):
         with titan_log_level_at_least(logging.ERROR):
             Validator.__init__(self, config, **kwargs)
 
+    def validate(self, model_parts: list[nn.Module], step: int) -> None:
+        with torch.random.fork_rng(devices=_cuda_devices_in_use(), device_type="cuda"):
+            Validator.validate(self, model_parts, step)
+
     def should_validate(self, step: int) -> bool:
         return Validator.should_validate(self, step) or step == self.config.last_step
+
+
+def _cuda_devices_in_use() -> list[int]:
+    """The CUDA device whose generator training draws from (none on CPU): forking every visible GPU's
+    generator would initialise them all."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return [torch.cuda.current_device()]
+    return []
 
 
 def with_validation_data(config):
