@@ -69,3 +69,26 @@ def test_hook_is_installed_at_startup_without_importing_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_device_files_of_every_accelerator_driver_are_found(tmp_path):
+    assert device.accelerator_device_files(str(tmp_path)) == []
+    for name in ("nvidiactl", "nvidia0", "dxg", "kfd", "neuron3"):
+        (tmp_path / name).touch()
+    (tmp_path / "null").touch()
+    found = device.accelerator_device_files(str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[1] for p in found) == ["dxg", "kfd", "neuron3", "nvidia0", "nvidiactl"]
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or bool(device.accelerator_device_files()),
+    reason="the shortcut applies to a Linux host without GPU or Neuron device files",
+)
+def test_a_host_without_accelerator_device_files_is_cpu_without_importing_torch():
+    env = {k: v for k, v in os.environ.items() if k != "QWEN3_TITAN_DEVICE"}
+    code = (
+        "import sys; from qwen3_titan_common.runtime.device import detect_device; d = detect_device(); "
+        "print(d.kind, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["cpu", "False"]

@@ -74,3 +74,28 @@ def test_provenance_checksums_match_files(assets_dir):
     for relative_path, recorded_digest in recorded.items():
         actual_digest = hashlib.sha256((assets_dir / relative_path).read_bytes())
         assert actual_digest.hexdigest() == recorded_digest, relative_path
+
+
+def test_the_default_architecture_read_as_written_is_what_transformers_reads():
+    from qwen3_titan_common.arch.architecture import read_architecture
+    from qwen3_titan_common.assets import default_architecture, default_model_dir
+
+    as_written = default_architecture()
+    through_transformers = read_architecture(default_model_dir())
+    assert as_written == through_transformers
+    assert dict(as_written.source) == dict(through_transformers.source)
+    assert as_written.to_dict() == through_transformers.to_dict()  # field by field, moe included
+
+
+def test_the_default_architecture_imports_neither_transformers_nor_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from qwen3_titan_common.assets import default_architecture\n"
+        "default_architecture()\n"
+        "print('transformers' in sys.modules, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -5,12 +5,14 @@ Made by ``tools/make_embedded_assets.py``; provenance in ``default/PROVENANCE.md
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config, read_architecture
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 
 # The tiny Qwen3-MoE every backend's `debug_moe` trains: Qwen3-MoE's structure at a CPU-sized shape,
 # written as the config.json it would have, with the embedded default's attention and vocabulary. Its
@@ -62,7 +64,16 @@ def default_model_dir() -> Path:
 
 @cache
 def default_architecture() -> Qwen3Architecture:
-    return read_architecture(default_model_dir())
+    """The embedded model's architecture, read as its config.json writes it.
+
+    That file states every field of a dense architecture, so transformers has no default to fill in
+    and its reading (``arch.read_architecture``, which test_embedded_assets compares with this) gives
+    the same; skipping it spares the default run transformers' import, most of a second in the
+    launcher and again in every rank before the first step.
+    """
+    config = json.loads((default_model_dir() / "config.json").read_text())
+    stated = {f.name: config[f.name] for f in dataclasses.fields(Qwen3Architecture) if f.name in config}
+    return Qwen3Architecture(**stated, source=config)
 
 
 @cache

@@ -1,7 +1,9 @@
 """One place that decides which device this process trains on.
 
 Order: Neuron (``torch_neuronx`` imports and ``torch.neuron.is_available()``), then CUDA,
-then CPU. torchtitan 0.3.0 has no CPU device type: at import time it falls back to
+then CPU. A Linux host without the device files that the NVIDIA, AMD, WSL and Neuron drivers create
+(``/dev/nvidiactl``, ...), or a Mac, can have neither: it is a CPU host without importing torch, which
+the launcher would otherwise pay (a second on a small machine) before torchrun can start. torchtitan 0.3.0 has no CPU device type: at import time it falls back to
 "cuda", so on a CPU host we replace its ``device_type``/``device_module`` with
 ``cpu`` and ``compat.CpuDeviceModule`` right after ``torchtitan.tools.utils`` executes, before any
 other torchtitan module copies those names (see ``device_autoload``).
@@ -11,11 +13,11 @@ other torchtitan module copies those names (see ``device_autoload``).
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import sys
 from dataclasses import dataclass
-
-import torch
 
 from qwen3_titan_common.errors import UserInputError
 
@@ -27,6 +29,10 @@ FORCE_DEVICE_ENV = "QWEN3_TITAN_DEVICE"
 # torch.distributed.Backend.default_device_backend_map; the Neuron plugin registers
 # its "neuron" backend there itself.
 DIST_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
+
+# What a CUDA or Neuron device needs on Linux: NVIDIA's control device, WSL's GPU paravirtualisation,
+# ROCm's kernel driver (torch.cuda on AMD), the Neuron driver's devices.
+ACCELERATOR_DEVICE_FILES = ("nvidiactl", "nvidia[0-9]*", "dxg", "kfd", "neuron[0-9]*")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ def neuron_available() -> bool:
         import torch_neuronx  # noqa: F401
     except Exception:  # ImportError, or OSError from a missing libnrt
         return False
+    import torch
+
     neuron = getattr(torch, "neuron", None)
     try:
         return bool(neuron is not None and neuron.is_available() and neuron.device_count() > 0)
@@ -71,10 +79,30 @@ def _forced_device() -> str | None:
     return forced
 
 
+def accelerator_device_files(dev: str = "/dev") -> list[str]:
+    """The device files of this host through which a CUDA or Neuron device could be reached."""
+    return sorted(path for pattern in ACCELERATOR_DEVICE_FILES for path in glob.glob(f"{dev}/{pattern}"))
+
+
+def _cannot_have_an_accelerator() -> str | None:
+    """Why this host has no CUDA or Neuron device, known without importing torch; None when it may."""
+    if sys.platform == "darwin":
+        return "macOS: no CUDA or Neuron device"
+    if sys.platform.startswith("linux") and not accelerator_device_files():
+        return "no Neuron or CUDA device found (no GPU or Neuron device files in /dev)"
+    return None
+
+
 def detect_device() -> DeviceInfo:
     forced = _forced_device()
     if forced == "cpu":
         return _cpu_info(f"{FORCE_DEVICE_ENV}=cpu")
+    if forced is None:
+        reason = _cannot_have_an_accelerator()
+        if reason is not None:
+            return _cpu_info(reason)
+    import torch
+
     if forced in (None, "neuron") and neuron_available():
         count = torch.neuron.device_count()
         name = _neuron_name()
@@ -96,6 +124,8 @@ def detect_device() -> DeviceInfo:
 
 
 def _neuron_name() -> str:
+    import torch
+
     try:
         return str(torch.neuron.get_device_properties().name)
     except Exception:
