@@ -56,6 +56,14 @@ def launch_timeline() -> tuple[float, float]:
     return launched, first_step
 
 
+def torch_import_seconds() -> float:
+    """Seconds for a fresh interpreter to import torch: this machine's speed at the moment, beside the
+    launch figure (a launch imports torch three times, two of them one after the other)."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return time.perf_counter() - start
+
+
 def time_to_first_step() -> float:
     """Seconds from starting `train` to its first step line."""
     return launch_timeline()[1]
@@ -82,6 +90,7 @@ def main() -> int:
     figures = {
         "launcher_before_torchrun_s": _spread([t[0] for t in timelines]),
         "launch_to_first_step_s": _spread([t[1] for t in timelines]),
+        "python_import_torch_s": _measure(torch_import_seconds, r),
         "native_eager_tps": _measure(lambda: trainer_tokens_per_second(BACKEND, n, []), r),
         "native_compiled_tps": _measure(
             lambda: trainer_tokens_per_second(BACKEND, n, ["--compile.enable"]), r
@@ -94,6 +103,10 @@ def main() -> int:
         print(f"  {name:<32} {median:>10,.1f}  ({low:,.1f}-{high:,.1f})")
     first = figures["launch_to_first_step_s"][0]
     print(f"launch to first step: {first:.1f} s (target < 10 s): {'met' if first < 10 else 'MISSED'}")
+    print(
+        f"  this machine now: `import torch` takes {figures['python_import_torch_s'][0]:.2f} s in a fresh "
+        "interpreter (the launch imports it twice in a row: torchrun's agent, then the rank)"
+    )
     plain = figures["transformers_fp32_tps"][0]
     plain_bf16 = figures["transformers_bf16_autocast_tps"][0]
     for name in ("native_eager_tps", "native_compiled_tps"):
