@@ -104,8 +104,12 @@ def test_rms_norm_op_on_the_twins_matches_the_reference(on_the_twins):
     want = OPS.rms_norm(x, w, 1e-6)
     grad = torch.randn_like(want)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    for a, b in zip(_grads(got, (x, w), grad), _grads(want, (x, w), grad), strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    grad_x, grad_w = _grads(got, (x, w), grad)
+    want_x, want_w = _grads(want, (x, w), grad)
+    torch.testing.assert_close(grad_x, want_x, atol=1e-5, rtol=1e-5)
+    # The weight's gradient sums 512 rows of O(1) terms: the twin and the reference sum them in different
+    # orders, and fp32 rounding alone moves a near-cancelling entry by ~1e-5 (seen: 1.1e-5 at |0.1|).
+    torch.testing.assert_close(grad_w, want_w, atol=1e-4, rtol=1e-5)
     assert neuronx.wrapped == [module.rms_norm_fwd_kernel, module.rms_norm_bwd_kernel]
     assert neuronx.grids == [(2,), (2,)]
 
