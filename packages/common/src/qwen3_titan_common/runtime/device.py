@@ -3,7 +3,9 @@
 Order: Neuron (``torch_neuronx`` imports and ``torch.neuron.is_available()``), then CUDA,
 then CPU. A Linux host without the device files that the NVIDIA, AMD, WSL and Neuron drivers create
 (``/dev/nvidiactl``, ...), or a Mac, can have neither: it is a CPU host without importing torch, which
-the launcher would otherwise pay (a second on a small machine) before torchrun can start. torchtitan 0.3.0 has no CPU device type: at import time it falls back to
+the launcher would otherwise pay (a second on a small machine) before torchrun can start.
+
+torchtitan 0.3.0 has no CPU device type: at import time it falls back to
 "cuda", so on a CPU host we replace its ``device_type``/``device_module`` with
 ``cpu`` and ``compat.CpuDeviceModule`` right after ``torchtitan.tools.utils`` executes, before any
 other torchtitan module copies those names (see ``device_autoload``).
@@ -20,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.runtime.neuron_sdk import NEURON_DEVICES, missing_sdk_note
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ DIST_BACKENDS = {"neuron": "neuron", "cuda": "nccl", "cpu": "gloo"}
 
 # What a CUDA or Neuron device needs on Linux: NVIDIA's control device, WSL's GPU paravirtualisation,
 # ROCm's kernel driver (torch.cuda on AMD), the Neuron driver's devices.
-ACCELERATOR_DEVICE_FILES = ("nvidiactl", "nvidia[0-9]*", "dxg", "kfd", "neuron[0-9]*")
+ACCELERATOR_DEVICE_FILES = ("nvidiactl", "nvidia[0-9]*", "dxg", "kfd", os.path.basename(NEURON_DEVICES))
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,6 @@ def detect_device() -> DeviceInfo:
         )
     if forced == "cuda":
         raise RuntimeError(f"{FORCE_DEVICE_ENV}=cuda but torch.cuda.is_available() is False")
-    from qwen3_titan_common.runtime.neuron_sdk import missing_sdk_note
-
     return _cpu_info(missing_sdk_note() or "no Neuron or CUDA device found")
 
 
