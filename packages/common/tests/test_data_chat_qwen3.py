@@ -81,14 +81,21 @@ def titan_tokenizer(directory):
     return ChatTemplateTokenizer.Config().build(tokenizer_path=str(directory))
 
 
-def rows(tmp_path, directory, records, **config):
-    """Every row the dataloader makes of ``records``, in file order: (inputs, labels) lists."""
+def rows(tmp_path, directory, records, with_positions=False, **config):
+    """Every row the dataloader makes of ``records``, in file order: (inputs, labels) lists; one
+    conversation per row unless ``packing=True``."""
     path = tmp_path / "chat.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     tokenizer = titan_tokenizer(directory)
+    config.setdefault("packing", False)
     loader = TextChatDataLoader.Config(dataset=str(path), shuffle=False, infinite=False, **config).build(
         dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=SEQ_LEN, local_batch_size=1
     )
+    if with_positions:
+        return [
+            (inputs["input"][0].tolist(), labels[0].tolist(), inputs["positions"][0].tolist())
+            for inputs, labels in loader
+        ]
     return [(inputs["input"][0].tolist(), labels[0].tolist()) for inputs, labels in loader]
 
 
@@ -225,7 +232,9 @@ def test_split_rows_resume_mid_record(tmp_path, hybrid_dir):
     path = tmp_path / "chat.jsonl"
     records = [chat(3, system=False, kind="reasoning"), chat(2, system=True, kind="reasoning")]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = TextChatDataLoader.Config(dataset=str(path), shuffle=False, earlier_reasoning="split")
+    config = TextChatDataLoader.Config(
+        dataset=str(path), shuffle=False, earlier_reasoning="split", packing=False
+    )
     tokenizer = titan_tokenizer(hybrid_dir)
 
     def stream():
@@ -243,10 +252,34 @@ def test_split_rows_resume_mid_record(tmp_path, hybrid_dir):
     interrupted = stream()
     take(interrupted, 1)
     state = interrupted.state_dict()
-    assert state["next_record"] == 1 and len(state["chat_rows"]) == 2  # record 1 read, 2 of its rows to come
+    # Record 1 read, 2 of its rows to come.
+    assert state["next_record"] == 1 and len(state["packer"]["pending"]) == 2
     resumed = stream()
     resumed.load_state_dict(state)
     assert take(resumed, 4) == uninterrupted[1:]
+
+
+def test_packed_conversations_keep_the_tokens_and_mask_each_has_alone(tmp_path, hybrid_dir):
+    records = [
+        chat(rounds, system=system, kind=kind)
+        for rounds in (1, 2, 3)
+        for kind in ("plain", "reasoning", "tools")
+        for system in (False, True)
+    ]
+    alone = []
+    for inputs, labels, positions in rows(tmp_path, hybrid_dir, records, earlier_reasoning="split", with_positions=True):
+        end = positions.index(0, 1) if 0 in positions[1:] else len(positions)  # the padding starts at 0 again
+        alone.append((inputs[:end], labels[:end]))
+    packed = rows(tmp_path, hybrid_dir, records, earlier_reasoning="split", packing=True, with_positions=True)
+    assert len(packed) < len(alone)  # several conversations to a row
+    segments = []
+    for inputs, labels, positions in packed:
+        starts = [t for t, p in enumerate(positions) if p == 0] + [len(positions)]
+        for start, end in zip(starts, starts[1:], strict=False):
+            if any(label != IGNORE_INDEX for label in labels[start:end]):  # not the padding
+                segments.append((inputs[start:end], labels[start:end]))
+    # Every conversation whole, in one row, with exactly the tokens and trained mask it has alone.
+    assert sorted(map(repr, segments)) == sorted(map(repr, alone))
 
 
 def test_null_content_of_a_tool_calling_turn_reads_as_empty(tmp_path, hybrid_dir):

@@ -58,18 +58,21 @@ def _assert_fixed_shapes(batches):
         assert inputs["input"].dtype == labels.dtype == torch.int64
 
 
-def test_jsonl_text_is_packed_with_eos_between_documents(tmp_path, tokenizer):
+def test_jsonl_text_is_packed_with_each_document_ending_in_eos(tmp_path, tokenizer):
     path = _write_jsonl(tmp_path / "train.jsonl", [{"text": t} for t in _texts(40)])
     batches = _batches(_loader(tokenizer, path, shuffle=False), 12)  # several epochs of 40 short texts
     _assert_fixed_shapes(batches)
     inputs, labels = batches[0]
-    # Packed text trains every position; labels are the inputs shifted by one.
+    tokens, positions = inputs["input"], inputs["positions"]
+    # Packed text trains every position: a document's labels are its inputs shifted by one, its last
+    # label the EOS; the next document starts at position 0, and EOS is never an input.
     assert (labels != IGNORE_INDEX).all()
-    assert torch.equal(inputs["input"][0, 1:], labels[0, :-1])
-    stream = tokenizer.decode(
-        inputs["input"][0].tolist() + inputs["input"][1].tolist(), skip_special_tokens=False
-    )
-    assert stream.startswith(_texts(1)[0] + "<|endoftext|>Document 1 says")
+    assert not (tokens == tokenizer.eos_id).any()
+    inside = positions[0, 1:] != 0
+    assert torch.equal(tokens[0, 1:][inside], labels[0, :-1][inside])
+    assert (labels[0, :-1][~inside] == tokenizer.eos_id).all() and (~inside).any()
+    stream = tokenizer.decode(tokens[0].tolist() + tokens[1].tolist(), skip_special_tokens=False)
+    assert stream.startswith(_texts(1)[0] + "Document 1 says")
 
 
 def test_parquet_text_and_chat_files_and_directory(tmp_path, tokenizer):
@@ -107,17 +110,36 @@ def test_save_to_disk_dataset_and_dataset_dict_split(tmp_path, tokenizer):
     assert len(_loader(tokenizer, tmp_path / "dict", split="test").dataset.source) == 3
 
 
-def test_chat_jsonl_rows_are_padded_one_conversation_each(tmp_path, tokenizer):
-    path = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in _chats(9)])
-    batches = _batches(_loader(tokenizer, path, shuffle=False), 5)
+def _chat_text(i):
+    return f"<|im_start|>user\nWhat is {i} plus one?<|im_end|>\n<|im_start|>assistant\nIt is {i + 1}.<|im_end|>\n"
+
+
+def test_chat_jsonl_conversations_are_packed_whole(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in _chats(8)])
+    batches = _batches(_loader(tokenizer, path, shuffle=False, infinite=False), 1)
     _assert_fixed_shapes(batches)
     inputs, labels = batches[0]
-    row = inputs["input"][0].tolist()
-    assert tokenizer.decode(row, skip_special_tokens=False).startswith(
-        "<|im_start|>user\nWhat is 0 plus one?<|im_end|>\n<|im_start|>assistant\nIt is 1.<|im_end|>\n<|endoftext|>"
-    )
-    # Padding (EOS) at the end, its labels ignored.
-    assert row[-1] == tokenizer.eos_id and labels[0, -1] == IGNORE_INDEX
+    conversations = []
+    for row in range(BATCH):
+        tokens, positions = inputs["input"][row], inputs["positions"][row].tolist()
+        starts = [t for t in range(SEQ_LEN) if positions[t] == 0] + [SEQ_LEN]
+        for start, end in zip(starts, starts[1:], strict=False):
+            if (labels[row, start:end] != IGNORE_INDEX).any():  # the last segment may be padding
+                conversations.append(tokenizer.decode(tokens[start:end].tolist(), skip_special_tokens=False))
+    # Whole conversations, several to a row (8 chats of 24 tokens: two in each row of 64), none cut.
+    assert sorted(conversations) == sorted(_chat_text(i) for i in range(8))
+    # Padding (EOS) at the end of a row, its labels ignored.
+    assert inputs["input"][0, -1] == tokenizer.eos_id and labels[0, -1] == IGNORE_INDEX
+
+
+def test_chat_without_packing_is_one_conversation_per_row(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "chat.jsonl", [{"messages": m} for m in _chats(9)])
+    inputs, labels = _batches(_loader(tokenizer, path, shuffle=False, packing=False), 1)[0]
+    for i in range(BATCH):
+        row = inputs["input"][i].tolist()
+        assert tokenizer.decode(row, skip_special_tokens=False).startswith(_chat_text(i) + "<|endoftext|>")
+        assert row[-1] == tokenizer.eos_id and labels[i, -1] == IGNORE_INDEX
+        assert inputs["positions"][i].tolist().count(0) == 2  # the conversation, then the padding
 
 
 def test_directory_of_jsonl_reads_only_the_named_split(tmp_path, tokenizer):
@@ -144,12 +166,27 @@ def test_finite_run_keeps_the_shape_to_the_end(tmp_path, tokenizer):
     _assert_fixed_shapes(batches)
 
 
-def test_per_document_positions_restart_after_eos(tmp_path, tokenizer):
+def test_positions_restart_at_each_document_and_row(tmp_path, tokenizer):
     path = _write_jsonl(tmp_path / "train.jsonl", [{"text": t} for t in _texts(20)])
-    inputs, _ = _batches(_loader(tokenizer, path, per_document_positions=True), 1)[0]
-    tokens, positions = inputs["input"][0].tolist(), inputs["positions"][0].tolist()
-    assert positions[0] == 0
-    for t in range(1, SEQ_LEN):
-        expected = 0 if tokens[t - 1] == tokenizer.eos_id else positions[t - 1] + 1
-        assert positions[t] == expected
-    assert "positions" not in _batches(_loader(tokenizer, path), 1)[0][0]
+    for packing in (True, False):
+        inputs, labels = _batches(_loader(tokenizer, path, packing=packing, shuffle=False), 1)[0]
+        for row in range(BATCH):
+            positions, row_labels = inputs["positions"][row].tolist(), labels[row].tolist()
+            assert positions[0] == 0
+            for t in range(1, SEQ_LEN):
+                # A document ends with the label EOS; padding (ignored labels) is one document of its own.
+                ended = row_labels[t - 1] == tokenizer.eos_id
+                padding_starts = row_labels[t] == IGNORE_INDEX != row_labels[t - 1]
+                expected = 0 if ended or padding_starts else positions[t - 1] + 1
+                assert positions[t] == expected, (packing, row, t)
+
+
+def test_without_packing_each_row_holds_one_document(tmp_path, tokenizer):
+    path = _write_jsonl(tmp_path / "train.jsonl", [{"text": t} for t in _texts(8)])
+    inputs, labels = _batches(_loader(tokenizer, path, packing=False, shuffle=False), 1)[0]
+    for row in range(BATCH):
+        trained = (labels[row] != IGNORE_INDEX).nonzero().flatten()
+        text = tokenizer.decode(inputs["input"][row, : int(trained[-1]) + 1].tolist())
+        assert text == _texts(8)[row]
+        assert labels[row, trained[-1]] == tokenizer.eos_id
+        assert (labels[row, int(trained[-1]) + 1 :] == IGNORE_INDEX).all()

@@ -2,6 +2,7 @@
 
 import json
 import pickle
+import re
 from collections import Counter
 
 import pytest
@@ -54,16 +55,24 @@ def _loader(tokenizer, path, rank=0, world=1, batch=BATCH, **config):
 
 
 def _stream_documents(tokenizer, batches):
-    """Rebuilds the packed token stream (rows overlap by one token) and splits it into documents."""
-    rows = [row for inputs, labels in batches for row in zip(inputs["input"], labels, strict=True)]
+    """Rebuilds the packed token stream (each trained input, and the EOS that a document's last label is)
+    and splits it into documents."""
     stream = []
-    for row_inputs, row_labels in rows:
-        valid = int((row_labels != IGNORE_INDEX).sum())
-        stream.extend(row_inputs[:valid].tolist())
-    _, last_labels = rows[-1]
-    stream.append(int(last_labels[int((last_labels != IGNORE_INDEX).sum()) - 1]))
+    for inputs, labels in batches:
+        for row_inputs, row_labels in zip(inputs["input"].tolist(), labels.tolist(), strict=True):
+            for token, label in zip(row_inputs, row_labels, strict=True):
+                if label != IGNORE_INDEX:
+                    stream.append(token)
+                    if label == tokenizer.eos_id:
+                        stream.append(label)
     text = tokenizer.decode(stream, skip_special_tokens=False)
     return [d for d in text.split("<|endoftext|>") if d]
+
+
+def _questions(tokenizer, batches):
+    """The conversations' numbers, in row order (several conversations to a row)."""
+    text = "".join(tokenizer.decode(row) for inputs, _ in batches for row in inputs["input"].tolist())
+    return re.findall(r"Question (\d+)\?", text)
 
 
 def test_two_ranks_split_a_text_epoch_without_overlap(tokenizer, text_file):
@@ -78,9 +87,7 @@ def test_two_ranks_split_a_text_epoch_without_overlap(tokenizer, text_file):
 def test_two_ranks_split_a_chat_epoch_without_overlap(tokenizer, chat_file):
     def questions(rank):
         # Batches of one: with larger ones a finite run drops its last, incomplete batch.
-        batches = _loader(tokenizer, chat_file, rank, 2, batch=1, infinite=False)
-        ids = [row for inputs, _ in batches for row in inputs["input"].tolist()]
-        return [tokenizer.decode(row).split("?")[0].split("Question ")[1] for row in ids]
+        return _questions(tokenizer, _loader(tokenizer, chat_file, rank, 2, batch=1, infinite=False))
 
     rank0, rank1 = questions(0), questions(1)
     assert (len(rank0), len(rank1)) == (12, 11)
@@ -115,16 +122,17 @@ def _same(batches_a, batches_b):
 @pytest.mark.parametrize("stop_after", [3, 17])  # mid-epoch, and past the first epoch
 def test_resume_continues_exactly_where_it_stopped(tokenizer, text_file, chat_file, kind, stop_after):
     path = text_file if kind == "text" else chat_file
-    options = {"per_document_positions": True}
-    uninterrupted = _take(iter(_loader(tokenizer, path, 1, 2, **options)), stop_after + 15)
+    uninterrupted = _take(iter(_loader(tokenizer, path, 1, 2)), stop_after + 15)
 
-    first = _loader(tokenizer, path, 1, 2, **options)
+    first = _loader(tokenizer, path, 1, 2)
     iterator = iter(first)
     before = _take(iterator, stop_after)
     # What torchtitan's checkpointer stores: the loader's state, pickled per dp rank.
     saved = pickle.loads(pickle.dumps(first.state_dict()))
+    if kind == "chat":
+        assert saved["dp_rank_1"]  # conversations waiting for a row are part of the position
 
-    resumed = _loader(tokenizer, path, 1, 2, **options)
+    resumed = _loader(tokenizer, path, 1, 2)
     resumed.load_state_dict(saved)
     after = _take(iter(resumed), 15)
     _same(before + after, uninterrupted)
@@ -143,16 +151,13 @@ def test_resume_refuses_other_data(tokenizer, text_file, chat_file):
 
 def test_workers_split_a_rank_share_without_overlap(tokenizer, chat_file):
     loader = _loader(tokenizer, chat_file, 1, 2, batch=1, infinite=False, num_workers=2)
-    questions = [
-        tokenizer.decode(inputs["input"][0].tolist()).split("?")[0].split("Question ")[1]
-        for inputs, _ in loader
-    ]
+    questions = _questions(tokenizer, loader)
     rank1_share = sorted(str(i) for i in loader.dataset.share(0).tolist())  # in this process: no worker split
     assert sorted(questions) == rank1_share
 
 
 def test_finite_loader_iterated_again_gives_the_next_epoch(tokenizer, chat_file):
     loader = _loader(tokenizer, chat_file, batch=1, infinite=False)
-    epochs = [[inputs["input"][0].tolist() for inputs, _ in loader] for _ in range(2)]
+    epochs = [_questions(tokenizer, loader) for _ in range(2)]
     assert len(epochs[0]) == len(epochs[1]) == 23
     assert epochs[0] != epochs[1] and sorted(epochs[0]) == sorted(epochs[1])

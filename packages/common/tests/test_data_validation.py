@@ -126,10 +126,10 @@ def test_a_separate_path_is_read_whole_with_training_record_shape(tmp_path):
     data = _write(tmp_path / "train.jsonl")
     other = _write(tmp_path / "other.jsonl")
     train, val, line = choose_validation_data(
-        TextChatDataLoader.Config(dataset=str(data), per_document_positions=True),
+        TextChatDataLoader.Config(dataset=str(data), packing=False),
         ValidationDataLoader.Config(dataset=str(other)),
     )
-    assert (val.dataset, val.records, val.per_document_positions) == (str(other), "all", True)
+    assert (val.dataset, val.records, val.packing) == (str(other), "all", False)
     assert train.held_out is None
     assert line == f"all of '{other}'"
 

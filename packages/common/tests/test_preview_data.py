@@ -53,7 +53,7 @@ def test_json_mask_is_what_the_dataloader_trains(qwen3, data, capsys):
     }
 
     loader = TextChatDataLoader.Config(
-        dataset=str(data), shuffle=False, infinite=False, on_bad_record="skip"
+        dataset=str(data), shuffle=False, infinite=False, on_bad_record="skip", packing=False
     ).build(
         dp_world_size=1,
         dp_rank=0,

@@ -67,7 +67,7 @@ def preview(args: argparse.Namespace) -> list[PreviewRecord]:
 
 def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
     from qwen3_titan_common.data.conversation import conversation_of
-    from qwen3_titan_common.data.packing import chat_row
+    from qwen3_titan_common.data.packing import chat_document
     from qwen3_titan_common.data.records import InvalidRecord, text_of
 
     try:
@@ -76,14 +76,14 @@ def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
         if chat is None:
             text = text_of(record.value, args.text_field)
             ids, offsets = tokens.with_offsets(text)
-            # Packed text: every token is a label (the first one of the previous document's EOS).
+            # Text: every token but the first is a label (the first starts the document: no token before it).
             return PreviewRecord(record.location, "text", [_row(ids, [1] * len(ids), text, offsets, args)])
         rows = []
         for chat_tokens in chat.tokenize(
             conversation_of(record.value, args.messages_field, args.tools_field)
         ):
             if args.seq_len:
-                chat_row(chat_tokens, args.seq_len, tokens.eos_id)  # the checks training makes, same error
+                chat_document(chat_tokens, args.seq_len, tokens.eos_id)  # the checks training makes, same error
             mask = [int(t) for t in chat_tokens.trained]
             rows.append(_row(chat_tokens.ids, mask, chat_tokens.text, chat_tokens.offsets, args))
         return PreviewRecord(record.location, record_format, rows)

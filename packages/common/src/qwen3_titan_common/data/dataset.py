@@ -5,9 +5,12 @@ order without shuffling). Sharding: dp rank ``r`` of ``n`` takes every ``n``-th 
 permutation starting at ``r`` (its share), so ranks never share a record and together cover the
 epoch; dataloader workers of one rank split its share the same way.
 
-Position: the number of records of the share already read, saved with what is not yet emitted (packed
-tokens, or the rest of a chat record's rows), so a resumed run continues with the very next sample. An
-epoch ends with ``epoch += 1`` and a new order.
+Rows: documents (texts, conversations) packed several to a row by ``data.packing``; every sample carries
+per-document positions, which the models turn into per-document attention.
+
+Position: the number of records of the share already read, saved with the documents not yet in a row
+(the packer's state), so a resumed run continues with the very next sample. An epoch ends with
+``epoch += 1`` and a new order; documents still waiting go into the next epoch's rows.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.chat import ChatTokenizer, EarlierReasoning
 from qwen3_titan_common.data.conversation import conversation_of
-from qwen3_titan_common.data.packing import TokenPacker, chat_row, positions_restarting_after_eos
+from qwen3_titan_common.data.packing import Row, chat_document, make_packer, text_document
 from qwen3_titan_common.data.records import (
     BadRecordError,
     InvalidRecord,
@@ -54,8 +57,14 @@ class StreamSettings:
     seed: int = 0
     infinite: bool = True
     on_bad_record: Literal["stop", "skip"] = "stop"
-    per_document_positions: bool = False
+    packing: bool = True
     max_record_chars: int = MAX_RECORD_BYTES
+
+
+def sample_of(row: Row) -> Sample:
+    """A row as the Trainer takes it: positions go to the model, which masks attention by them."""
+    inputs, labels, positions = row
+    return {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)}, torch.from_numpy(labels)
 
 
 class RecordStreamDataset(IterableDataset, Stateful):
@@ -83,9 +92,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
         )
         self.epoch = 0
         self.next_record = 0  # records of this rank's (or worker's) share of the epoch already read
-        self.packer = TokenPacker(settings.seq_len)
-        # Rows of the last chat record not yet emitted (several with earlier_reasoning="split").
-        self.chat_rows: list[tuple[np.ndarray, np.ndarray]] = []
+        self.packer = make_packer(settings.record_format, settings.packing, settings.seq_len, tokens.eos_id)
         self.skipped = SkippedRecords()
 
     # -- order and sharding ------------------------------------------------------------------
@@ -126,9 +133,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
                     f"({self.skipped.count} skipped as bad)"
                 )
             if not self.settings.infinite:
-                last = self.packer.last_row(self.tokens.eos_id)
-                if last is not None:
-                    yield self._sample(*last)
+                yield from self._full_rows(final=True)
             self.epoch += 1
             self.next_record = 0
             if not self.settings.infinite:
@@ -150,25 +155,25 @@ class RecordStreamDataset(IterableDataset, Stateful):
                     self.next_record += 1
                     if isinstance(document, InvalidRecord):
                         self._bad(record, document)
-                    else:
+                    elif (pairs := text_document(document, self.tokens.eos_id)) is not None:
                         produced = True
-                        self.packer.add(document)
+                        self.packer.add(pairs)
                         yield from self._full_rows()
             else:
                 for record in records:
-                    self.chat_rows = self._chat_rows(record)
+                    documents = self._chat_documents(record)
                     self.next_record += 1
-                    produced = produced or bool(self.chat_rows)
+                    produced = produced or bool(documents)
+                    for document in documents:
+                        self.packer.add(document)
                     yield from self._full_rows()
         return produced
 
-    def _full_rows(self):
-        while (row := self.packer.next_row()) is not None:
-            yield self._sample(*row)
-        while self.chat_rows:
-            # Taken off before it is yielded, like the packer's rows: a checkpoint written while this
-            # sample is in a batch holds only the rows still to come.
-            yield self._sample(*self.chat_rows.pop(0))
+    def _full_rows(self, final: bool = False):
+        # The packer takes a row's documents off before the row is yielded: a checkpoint written while
+        # this sample is in a batch holds only what is still to come.
+        for row in self.packer.rows(final):
+            yield sample_of(row)
 
     def _tokenize_texts(self, records: list[RawRecord]) -> list[list[int] | InvalidRecord]:
         """Token ids of each record, or why it is bad; all texts of the chunk encoded in one call."""
@@ -195,14 +200,15 @@ class RecordStreamDataset(IterableDataset, Stateful):
         encoded = iter(self.tokens.documents(valid))
         return [next(encoded) if isinstance(t, str) else t for t in texts]
 
-    def _chat_rows(self, record: RawRecord) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _chat_documents(self, record: RawRecord) -> list:
+        """The record's conversations (several with earlier_reasoning="split"), or none for a bad one."""
         assert self.chat is not None
         try:
             conversation = conversation_of(
                 self._readable(record), self.settings.messages_field, self.settings.tools_field
             )
             return [
-                chat_row(tokens, self.settings.seq_len, self.tokens.eos_id)
+                chat_document(tokens, self.settings.seq_len, self.tokens.eos_id)
                 for tokens in self.chat.tokenize(conversation)
             ]
         except InvalidRecord as e:
@@ -223,12 +229,6 @@ class RecordStreamDataset(IterableDataset, Stateful):
             )
         self.skipped.add(line)
 
-    def _sample(self, inputs: np.ndarray, labels: np.ndarray) -> Sample:
-        input_dict = {"input": torch.from_numpy(inputs)}
-        if self.settings.per_document_positions:
-            positions = positions_restarting_after_eos(inputs, self.tokens.eos_id)
-            input_dict["positions"] = torch.from_numpy(positions)
-        return input_dict, torch.from_numpy(labels)
 
     # -- checkpointing -----------------------------------------------------------------------
 
@@ -237,29 +237,33 @@ class RecordStreamDataset(IterableDataset, Stateful):
             "epoch": self.epoch,
             "next_record": self.next_record,
             "packer": self.packer.state_dict(),
-            "chat_rows": [[inputs.tolist(), labels.tolist()] for inputs, labels in self.chat_rows],
             "skipped": self.skipped.state_dict(),
             # Checked on load: a position only means something in the same data and order.
             "records": len(self.source),
             "format": self.settings.record_format,
             "order": f"seed {self.settings.seed}" if self.settings.shuffle else "file order",
+            "rows": _rows_described(self.settings),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        saved = (state_dict["records"], state_dict["format"], state_dict["order"])
+        # Checkpoints written before rows held several documents name no "rows".
+        saved_rows = state_dict.get("rows", "one chat per row, text in one stream with shared tokens")
+        saved = (state_dict["records"], state_dict["format"], state_dict["order"], saved_rows)
         now = self.state_dict()
-        if saved != (now["records"], now["format"], now["order"]):
+        if saved != (now["records"], now["format"], now["order"], now["rows"]):
             raise DatasetError(
-                f"the checkpoint's data position is for {saved[0]} {saved[1]} records in {saved[2]}, but "
-                f"--dataloader.dataset '{self.source.name}' gives {now['records']} {now['format']} records in "
-                f"{now['order']}; resume with the same data and settings, or use a new --dump_folder"
+                f"the checkpoint's data position is for {saved[0]} {saved[1]} records in {saved[2]}, {saved[3]}, "
+                f"but --dataloader.dataset '{self.source.name}' gives {now['records']} {now['format']} records in "
+                f"{now['order']}, {now['rows']}; resume with the same data and settings, or use a new --dump_folder"
             )
         self.epoch = int(state_dict["epoch"])
         self.next_record = int(state_dict["next_record"])
         self.packer.load_state_dict(state_dict["packer"])
-        # Absent from checkpoints written before a record could give several rows: none were pending.
-        self.chat_rows = [
-            (np.asarray(inputs, dtype=np.int64), np.asarray(labels, dtype=np.int64))
-            for inputs, labels in state_dict.get("chat_rows", [])
-        ]
         self.skipped = SkippedRecords.from_state(state_dict["skipped"])
+
+
+def _rows_described(settings: StreamSettings) -> str:
+    """How documents become rows, as a checkpoint's data position records it."""
+    if not settings.packing:
+        return "one document per row"
+    return "conversations packed whole" if settings.record_format == "chat" else "text packed as a stream"

@@ -31,7 +31,7 @@ from qwen3_titan_common.data.tokens import DocumentTokenizer
 
 
 class TextChatDataLoader(ParallelAwareDataloader):
-    """Plain text (packed) or chat (assistant tokens trained) from local files, sharded and resumable."""
+    """Plain text or chat (assistant tokens trained) from local files, packed, sharded and resumable."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(ParallelAwareDataloader.Config):
@@ -80,9 +80,9 @@ class TextChatDataLoader(ParallelAwareDataloader):
         """A record longer than this (a JSON line, in bytes; a text, in characters) is a bad record and
         is not tokenized: one huge record would take host memory ~150x its size."""
 
-        per_document_positions: bool = False
-        """Also emit positions that restart after each EOS, for Flex/varlen attention to mask across documents
-        (SDPA, which our backends use, ignores document boundaries; positions then only change RoPE)."""
+        packing: bool = True
+        """Pack several documents into each row (conversations whole, text as one stream), each attending only
+        to itself; --dataloader.no-packing puts one document in each row, padded (docs/data.md)."""
 
         held_out: float | None = None
         """Share of the records kept out of training for validation (the same records in every run). Default:
@@ -194,7 +194,7 @@ def build_record_stream(
         seed=config.seed,
         infinite=config.infinite,
         on_bad_record=config.on_bad_record,
-        per_document_positions=config.per_document_positions,
+        packing=config.packing,
         max_record_chars=config.max_record_bytes,
     )
     dataset = RecordStreamDataset(
@@ -225,11 +225,15 @@ def _summary(
     held_out: int = 0,
 ) -> str:
     chosen = f"{settings.record_format} (detected)" if asked == "auto" else settings.record_format
-    shape = (
-        "one conversation per row, padded/truncated, loss on assistant tokens"
-        if settings.record_format == "chat"
-        else "documents packed with EOS between them"
-    )
+    if not settings.packing:
+        shape = "one document per row, padded (--dataloader.no-packing)"
+    elif settings.record_format == "chat":
+        shape = "conversations packed whole, several to a row"
+    else:
+        shape = "documents packed as one stream"
+    shape += ", each attending only to itself"
+    if settings.record_format == "chat":
+        shape += ", loss on assistant tokens"
     order = f"shuffled per epoch (seed {settings.seed})" if settings.shuffle else "file order"
     name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
     if part == "held_out":

@@ -1,17 +1,29 @@
-"""Token ids into fixed-shape rows: every sample is exactly ``seq_len`` inputs and ``seq_len`` labels.
+"""Documents into fixed-shape rows: every sample is exactly ``seq_len`` inputs, labels and positions.
 
 Fixed shapes matter beyond tidiness: Neuron compiles one graph per input shape, so a single
 short batch would cost a recompilation.
 
-- Plain text is packed: documents (each ending in EOS) form one stream, cut into rows of
-  ``seq_len`` inputs whose labels are the stream shifted by one. Consecutive rows share one
-  token, so no token is dropped and no padding is needed.
-- A chat is one row of its own, truncated or padded with EOS (padded labels ignored): with the
-  SDPA attention our backends use, tokens of a packed row would attend across conversations.
+A document is a run of (input, label) pairs: a text's tokens and its EOS give pairs
+``t[i] -> t[i+1]``, every label trained; a chat's rendering gives the same pairs with only the
+assistant's tokens as labels. A document's EOS is a label, never an input, so the first token of
+a document is never the label of the one before it. Inside a row, positions restart at 0 where
+each document (or the part of one that the row holds) starts; the models read those restarts as
+document boundaries and a token attends only to earlier tokens of its own document.
+
+- Text is a stream (:class:`TextStreamPacker`): every row is filled to the last position, and a
+  document longer than what is left of a row continues in the next one (as a new document there:
+  it cannot attend to its own start in the previous row).
+- Chats are packed whole (:class:`ChatPacker`): a conversation is never split; each row starts
+  with the oldest conversation waiting and is filled, best fit first, from the few rows' worth
+  of conversations read ahead, then padded.
+- Without packing (:class:`OneDocumentPerRow`) each row holds one document, padded.
+
+Padding is EOS inputs with ignored labels, positions counting up as one document of its own.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,56 +32,47 @@ from torchtitan.components.loss import IGNORE_INDEX
 from qwen3_titan_common.data.chat import ChatTokens
 from qwen3_titan_common.data.records import InvalidRecord
 
+# Conversations read ahead of the row being filled, in rows' worth of tokens: enough choice to fill
+# rows almost to the last token (docs/performance.md), few enough that a checkpoint stays small.
+CHAT_WINDOW_ROWS = 4
 
-class TokenPacker:
-    """The text stream not yet emitted; its first token is the last label of the previous row."""
-
-    def __init__(self, seq_len: int):
-        self.seq_len = seq_len
-        self.pending: list[int] = []
-
-    def add(self, document_ids: list[int]) -> None:
-        self.pending.extend(document_ids)
-
-    def next_row(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Inputs and labels of the next full row, or None until enough tokens are pending."""
-        if len(self.pending) <= self.seq_len:
-            return None
-        row = np.asarray(self.pending[: self.seq_len + 1], dtype=np.int64)
-        del self.pending[: self.seq_len]
-        return row[:-1], row[1:]
-
-    def last_row(self, pad_id: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """What is left at the end of a finite run, padded to a full row (padding not trained)."""
-        if len(self.pending) < 2:
-            self.pending = []
-            return None
-        row = np.asarray(self.pending, dtype=np.int64)
-        self.pending = []
-        return _pad(row[:-1], row[1:], self.seq_len, pad_id)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"pending": list(self.pending)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = list(state["pending"])
+Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # inputs, labels, positions, each (seq_len,)
 
 
-def _pad(inputs: np.ndarray, labels: np.ndarray, seq_len: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    missing = seq_len - len(inputs)
-    return (
-        np.concatenate([inputs, np.full(missing, pad_id, dtype=np.int64)]),
-        np.concatenate([labels, np.full(missing, IGNORE_INDEX, dtype=np.int64)]),
-    )
+@dataclass(frozen=True)
+class Document:
+    inputs: np.ndarray
+    labels: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def to_state(self) -> list[list[int]]:
+        return [self.inputs.tolist(), self.labels.tolist()]
+
+    @staticmethod
+    def from_state(state: list[list[int]]) -> Document:
+        return Document(np.asarray(state[0], dtype=np.int64), np.asarray(state[1], dtype=np.int64))
 
 
-def chat_row(chat: ChatTokens, seq_len: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """One conversation as one row: labels are the next token where that token is an assistant token."""
+def text_document(ids: list[int], eos_id: int) -> Document | None:
+    """A text's tokens (already ending in EOS) as pairs; None for a text of fewer than two tokens."""
+    tokens = np.asarray(ids, dtype=np.int64)
+    if tokens[-1] != eos_id:
+        tokens = np.append(tokens, eos_id)
+    if len(tokens) < 2:
+        return None
+    return Document(tokens[:-1], tokens[1:])
+
+
+def chat_document(chat: ChatTokens, seq_len: int, eos_id: int) -> Document:
+    """One conversation: labels are the next token where that token is an assistant token; one longer
+    than a row is cut to the row (its trained tokens past the cut are lost)."""
     ids = np.asarray(chat.ids, dtype=np.int64)
     trained = np.asarray(chat.trained, dtype=bool)
     if ids[-1] != eos_id:
-        # The EOS closes the document (as between packed texts); predicting it is not trained:
-        # the assistant's own end-of-turn token already is.
+        # The EOS closes the document; predicting it is not trained: the assistant's own end-of-turn
+        # token already is.
         ids = np.append(ids, eos_id)
         trained = np.append(trained, False)
     inputs = ids[:-1][:seq_len]
@@ -80,17 +83,140 @@ def chat_row(chat: ChatTokens, seq_len: int, eos_id: int) -> tuple[np.ndarray, n
             f"assistant text starts at token {first}, beyond --training.seq_len {seq_len}; "
             "raise seq_len or shorten the conversation"
         )
-    return _pad(inputs, labels, seq_len, eos_id)
+    return Document(inputs, labels)
 
 
-def positions_restarting_after_eos(inputs: np.ndarray, eos_id: int) -> np.ndarray:
-    """Position of each input within its document: 0 at the row start and after every EOS.
+def build_row(documents: list[Document], seq_len: int, pad_id: int) -> Row:
+    """``documents`` side by side, positions restarting at each, padded to ``seq_len``."""
+    used = sum(len(d) for d in documents)
+    if used > seq_len:
+        raise ValueError(f"{used} tokens do not fit a row of {seq_len}")
+    parts = [*documents]
+    if used < seq_len:
+        missing = seq_len - used
+        parts.append(
+            Document(np.full(missing, pad_id, dtype=np.int64), np.full(missing, IGNORE_INDEX, dtype=np.int64))
+        )
+    inputs = np.concatenate([d.inputs for d in parts])
+    labels = np.concatenate([d.labels for d in parts])
+    positions = np.concatenate([np.arange(len(d), dtype=np.int64) for d in parts])
+    return inputs, labels, positions
 
-    Restarting at the row start too keeps positions below ``seq_len`` (inside the RoPE table)
-    however long a document is; torchtitan's Flex/varlen attention reads these restarts as
-    document boundaries and masks attention across them.
+
+def padding_row(seq_len: int, pad_id: int) -> Row:
+    """A row that contributes nothing: EOS inputs, every label ignored."""
+    return build_row([], seq_len, pad_id)
+
+
+def document_starts(positions: np.ndarray) -> np.ndarray:
+    """Indices where a document starts in a row (its position restarts at 0)."""
+    return np.flatnonzero(np.asarray(positions) == 0)
+
+
+class TextStreamPacker:
+    """Text documents as one stream cut into full rows; what is not yet in a row is the state."""
+
+    def __init__(self, seq_len: int, pad_id: int):
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self.pending: list[Document] = []  # the first may be the rest of a document cut by the last row
+
+    def add(self, document: Document) -> None:
+        self.pending.append(document)
+
+    def rows(self, final: bool = False):
+        """Yields every full row; with ``final`` (the end of a finite run) also what is left, padded."""
+        while sum(len(d) for d in self.pending) >= self.seq_len or (final and self.pending):
+            room, parts = self.seq_len, []
+            while self.pending and room:
+                head = self.pending[0]
+                if len(head) <= room:
+                    parts.append(self.pending.pop(0))
+                    room -= len(head)
+                else:
+                    parts.append(Document(head.inputs[:room], head.labels[:room]))
+                    self.pending[0] = Document(head.inputs[room:], head.labels[room:])
+                    room = 0
+            yield build_row(parts, self.seq_len, self.pad_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "text", "pending": [d.to_state() for d in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = [Document.from_state(d) for d in state["pending"]]
+
+
+class ChatPacker:
+    """Whole conversations, several to a row: the oldest waiting one first, then best fit.
+
+    A row is built once ``CHAT_WINDOW_ROWS`` rows' worth of tokens wait (or at the end of a finite
+    run): it takes the conversation waiting longest, so none waits for ever, then again and again the
+    longest waiting conversation that still fits (the earliest of equal length). The result depends
+    only on the order conversations arrive in, so it is the same in every run with the same seed.
     """
-    starts = np.concatenate([[True], inputs[:-1] == eos_id])
-    start_index = np.flatnonzero(starts)
-    document = np.cumsum(starts) - 1
-    return np.arange(len(inputs), dtype=np.int64) - start_index[document]
+
+    def __init__(self, seq_len: int, pad_id: int, window_rows: int = CHAT_WINDOW_ROWS):
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self.window = window_rows * seq_len
+        self.pending: list[Document] = []
+
+    def add(self, document: Document) -> None:
+        self.pending.append(document)
+
+    def rows(self, final: bool = False):
+        while self.pending and (final or sum(len(d) for d in self.pending) >= self.window):
+            parts = [self.pending.pop(0)]
+            room = self.seq_len - len(parts[0])
+            while room:
+                fits = [i for i, d in enumerate(self.pending) if len(d) <= room]
+                if not fits:
+                    break
+                best = max(fits, key=lambda i: (len(self.pending[i]), -i))
+                parts.append(self.pending.pop(best))
+                room -= len(parts[-1])
+            yield build_row(parts, self.seq_len, self.pad_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "chat", "pending": [d.to_state() for d in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = [Document.from_state(d) for d in state["pending"]]
+
+
+class OneDocumentPerRow:
+    """``--dataloader.no-packing``: each row holds (part of) one document; a text longer than a row
+    continues in rows of its own."""
+
+    def __init__(self, seq_len: int, pad_id: int):
+        self.seq_len = seq_len
+        self.pad_id = pad_id
+        self.pending: list[Document] = []
+
+    def add(self, document: Document) -> None:
+        self.pending.append(document)
+
+    def rows(self, final: bool = False):
+        while self.pending:
+            head = self.pending.pop(0)
+            if len(head) > self.seq_len:
+                self.pending.insert(0, Document(head.inputs[self.seq_len :], head.labels[self.seq_len :]))
+                head = Document(head.inputs[: self.seq_len], head.labels[: self.seq_len])
+            yield build_row([head], self.seq_len, self.pad_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "single", "pending": [d.to_state() for d in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = [Document.from_state(d) for d in state["pending"]]
+
+
+Packer = TextStreamPacker | ChatPacker | OneDocumentPerRow
+
+
+def make_packer(record_format: str, packing: bool, seq_len: int, pad_id: int) -> Packer:
+    if not packing:
+        return OneDocumentPerRow(seq_len, pad_id)
+    if record_format == "chat":
+        return ChatPacker(seq_len, pad_id)
+    return TextStreamPacker(seq_len, pad_id)

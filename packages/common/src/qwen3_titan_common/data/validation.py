@@ -25,18 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-import numpy as np
-import torch
 import tyro
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
-from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import BaseTokenizer
 
-from qwen3_titan_common.data.dataset import RecordStreamDataset, Sample
+from qwen3_titan_common.data.dataset import RecordStreamDataset, Sample, sample_of
 from qwen3_titan_common.data.holdout import DEFAULT_HELD_OUT, check_share
 from qwen3_titan_common.data.loader import TextChatDataLoader, build_record_stream
-from qwen3_titan_common.data.packing import positions_restarting_after_eos
+from qwen3_titan_common.data.packing import padding_row
 from qwen3_titan_common.data.sources import DEFAULT_DATASET, DatasetError, split_names
 
 SAME = "same"  # the training dataset
@@ -54,24 +51,16 @@ class ValidationRows(IterableDataset):
         dp_rank: int,
         dp_world_size: int,
         local_batch_size: int,
-        per_document_positions: bool,
     ):
         self.stream = stream
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.local_batch_size = local_batch_size
-        self.per_document_positions = per_document_positions
         self._start = stream.state_dict()
 
     def padding_row(self) -> Sample:
         """A row that contributes nothing: EOS inputs, every label ignored."""
-        seq_len = self.stream.settings.seq_len
-        inputs = np.full(seq_len, self.stream.tokens.eos_id, dtype=np.int64)
-        input_dict = {"input": torch.from_numpy(inputs)}
-        if self.per_document_positions:
-            positions = positions_restarting_after_eos(inputs, self.stream.tokens.eos_id)
-            input_dict["positions"] = torch.from_numpy(positions)
-        return input_dict, torch.full((seq_len,), IGNORE_INDEX, dtype=torch.int64)
+        return sample_of(padding_row(self.stream.settings.seq_len, self.stream.tokens.eos_id))
 
     def __iter__(self):
         # Every iteration is the same pass: the stream goes back to its first record.
@@ -146,7 +135,6 @@ class ValidationDataLoader(ParallelAwareDataloader):
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
             local_batch_size=local_batch_size,
-            per_document_positions=config.per_document_positions,
         )
         # Workers would each deal the whole pass again: the pass is read in this process.
         super().__init__(
@@ -176,7 +164,7 @@ def choose_validation_data(
     """The training data config (its held-out share made explicit where validation reads it), the validation
     data config with dataset and split resolved, and one line saying where the validation data comes from."""
     # Inputs shaped as training shapes them: the model sees the same kind of rows.
-    val = dataclasses.replace(val, per_document_positions=train.per_document_positions)
+    val = dataclasses.replace(val, packing=train.packing)
     if val.dataset != SAME:
         split = val.split
         if split == AUTO:

@@ -2,9 +2,9 @@
 
 Shared by the backends that train torchtitan's own Qwen3 (native, nki-moe) and by the
 checkpoint tools that compare against it. We build ``Qwen3Model.Config`` from :class:`Qwen3Architecture` (i.e. from the
-checkpoint's ``config.json``) rather than from torchtitan's flavor table, and put
-SDPA on every layer: ``attn_backend="sdpa"`` is rejected by torchtitan 0.3.0, Flex has
-no CPU backward, and SDPA is what Neuron runs.
+checkpoint's ``config.json``) rather than from torchtitan's flavor table, with per-document
+attention on every layer (``models.attention``): torchtitan's block-causal Flex on CUDA, SDPA with a
+document mask elsewhere (Flex has no CPU backward, and SDPA is what Neuron runs).
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import torch
 import torch.nn as nn
 from torchtitan.components.optimizer import register_moe_load_balancing_hook
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.models.common import CosSinRoPE, Embedding, Linear
-from torchtitan.models.common.attention import ScaledDotProductAttention
 from torchtitan.models.common.config_utils import (
     make_ffn_config,
     make_gqa_config,
@@ -33,6 +33,13 @@ from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.models.attention import (
+    DocumentAttention,
+    DocumentCausalSDPA,
+    default_document_attention,
+    document_causal_mask,
+    inner_attention_config,
+)
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
 from qwen3_titan_common.models.init import INIT_STD, residual_init_std
 from qwen3_titan_common.models.state_dict_adapter import Qwen3TitanStateDictAdapter
@@ -56,7 +63,7 @@ def _norm(arch: Qwen3Architecture, size: int) -> RMSNorm.Config:
     return RMSNorm.Config(normalized_shape=size, eps=arch.rms_norm_eps, param_init={"weight": nn.init.ones_})
 
 
-def _attention(arch: Qwen3Architecture):
+def _attention(arch: Qwen3Architecture, kind: DocumentAttention):
     return make_gqa_config(
         dim=arch.hidden_size,
         n_heads=arch.num_attention_heads,
@@ -64,7 +71,7 @@ def _attention(arch: Qwen3Architecture):
         head_dim=arch.head_dim,
         wqkv_param_init=_linear_init(),
         wo_param_init=_linear_init(_residual_std(arch)) if arch.is_moe else _linear_init(),
-        inner_attention=ScaledDotProductAttention.Config(),
+        inner_attention=inner_attention_config(kind),
         fuse_qkv=True,
         rope=CosSinRoPE.Config(
             dim=arch.head_dim,
@@ -112,7 +119,7 @@ def _moe(arch: Qwen3Architecture):
     )
 
 
-def _layer(arch: Qwen3Architecture) -> Qwen3TransformerBlock.Config:
+def _layer(arch: Qwen3Architecture, attention: DocumentAttention) -> Qwen3TransformerBlock.Config:
     if arch.is_moe:
         mlp = {"moe": _moe(arch)}
     else:
@@ -127,17 +134,23 @@ def _layer(arch: Qwen3Architecture) -> Qwen3TransformerBlock.Config:
     return Qwen3TransformerBlock.Config(
         attention_norm=_norm(arch, arch.hidden_size),
         ffn_norm=_norm(arch, arch.hidden_size),
-        attention=_attention(arch),
+        attention=_attention(arch, attention),
         **mlp,
     )
 
 
 class Qwen3TitanModel(Qwen3Model):
-    """torchtitan's Qwen3, counting its FLOPs per token by the project's convention (``perf.flops``).
+    """torchtitan's Qwen3, counting its FLOPs per token by the project's convention (``perf.flops``),
+    and attending per document however it is called.
 
     torchtitan asks the model config for FLOPs per token once (``get_nparams_and_flops``) and
     its metrics divide by it; counting them here, from the ``config.json`` architecture, gives
     every backend one convention with nothing overwritten afterwards.
+
+    torchtitan's Trainer and Validator build attention masks from the batch's positions only for
+    Flex and varlen; for :class:`DocumentCausalSDPA`, and for callers that pass positions alone
+    (``eval``, ``verify-checkpoint``), the forward builds them, so a document is scored the same way
+    wherever the model runs.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -157,8 +170,31 @@ class Qwen3TitanModel(Qwen3Model):
                 return nparams, titan_flops
             return nparams, self.flops.per_token(seq_len)
 
+    def get_attention_masks(self, positions: torch.Tensor):
+        attention = self.config.first_attention
+        if attention is not None and isinstance(attention.inner_attention, DocumentCausalSDPA.Config):
+            return document_causal_mask(positions)
+        return Qwen3Model.get_attention_masks(self, positions)
 
-def titan_qwen3_model_config(arch: Qwen3Architecture) -> Qwen3TitanModel.Config:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        attention_masks=None,
+    ):
+        if attention_masks is None and positions is not None and self.config.first_attention is not None:
+            attention_masks = self.get_attention_masks(positions)
+        return Qwen3Model.forward(self, tokens, positions, attention_masks)
+
+
+def titan_qwen3_model_config(
+    arch: Qwen3Architecture, attention: DocumentAttention | None = None
+) -> Qwen3TitanModel.Config:
+    """``attention``: the per-document inner attention (default: the one for this machine's device)."""
+    if attention is None:
+        from qwen3_titan_common.runtime.device import detect_device
+
+        attention = default_document_attention(detect_device().kind)
     tied = arch.tie_word_embeddings
     return Qwen3TitanModel.Config(
         flops=FlopsConvention(arch),
@@ -177,7 +213,7 @@ def titan_qwen3_model_config(arch: Qwen3Architecture) -> Qwen3TitanModel.Config:
             out_features=arch.vocab_size,
             param_init=_linear_init(),
         ),
-        layers=[_layer(arch) for _ in range(arch.num_hidden_layers)],
+        layers=[_layer(arch, attention) for _ in range(arch.num_hidden_layers)],
     )
 
 

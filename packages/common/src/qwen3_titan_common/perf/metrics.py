@@ -1,12 +1,13 @@
 """torchtitan's MetricsProcessor with the project's step line and Trainium's peak.
 
-    step: 12/30  loss: 6.01553  grad_norm: 0.97  tps: 4,873  tflops: 0.14  mfu: n/a  memory: 1.26GiB (host RSS)  eta: 4s
+    step: 12/30  loss: 6.01553  grad_norm: 0.97  tps: 4,873  trained: 76%  tflops: 0.14  mfu: n/a  memory: 1.26GiB (host RSS)  eta: 4s
 
 torchtitan's ``log`` still computes and sends every key it knows (``memory/max_reserved(GiB)``,
 ``memory/num_alloc_retries``, ``time_metrics/data_loading(%)``, ...) to TensorBoard and W&B; this
 subclass adds its own keys to them and prints the line above instead of torchtitan's (tools and
 tests read it back, ``perf.train_log``). Fields, always in this order: step/total steps, loss, grad norm,
-tokens/s per device, TFLOP/s per device (FLOPs per token as the model config counts them,
+tokens/s per device (every token computed, padding included), the share of those tokens that carried
+loss (``trained``: labels not ignored, this rank's rows; Qwen3Trainer counts them), TFLOP/s per device (FLOPs per token as the model config counts them,
 ``perf.flops``), MFU against the device's peak (torchtitan's table; ``perf.peaks`` for Trainium; n/a
 on the CPU and, as in torchtitan, when the run is quantized), peak memory with its source (CUDA
 allocator reserved, Neuron device memory, or host RSS on CPU), time left at the pace of the steps after the
@@ -69,6 +70,8 @@ class Qwen3Metrics(MetricsProcessor):
         # torchtitan's log divides by this; NaN where there is no peak, so its MFU key says so too.
         self.gpu_peak_flops = peak if peak else math.nan
         self.memory_source = MEMORY_SOURCES.get(self.device_kind, f"{self.device_kind} allocator")
+        # This rank's tokens with a label since the last log, beside torchtitan's ntokens_since_last_log.
+        self.trained_tokens_since_last_log = 0
         logger.info(
             f"[metrics] MFU peak: {self.peak_source}"
             + (f" = {peak / 1e12:.1f} TFLOP/s per rank" if peak else "")
@@ -99,9 +102,11 @@ class Qwen3Metrics(MetricsProcessor):
         if not (self.has_quantization or math.isnan(self.gpu_peak_flops)):
             mfu = 100 * tflops * 1e12 / self.gpu_peak_flops
         memory = self._peak_memory_gib()
-        self.progress.record(step, global_avg_loss, all_ranks_tokens, seconds, memory)
+        trained_share = self.trained_tokens_since_last_log / max(1, self.ntokens_since_last_log)
+        self.trained_tokens_since_last_log = 0
+        self.progress.record(step, global_avg_loss, all_ranks_tokens, seconds, memory, trained_share)
         eta = self.progress.eta_seconds()
-        ours = {"memory/peak(GiB)": memory, **(extra_metrics or {})}
+        ours = {"memory/peak(GiB)": memory, "throughput/trained_share": trained_share, **(extra_metrics or {})}
         # torchtitan's ``log`` prints its own line at INFO; ours replaces it, its metrics stay.
         with titan_log_level_at_least(logging.WARNING):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
@@ -113,7 +118,7 @@ class Qwen3Metrics(MetricsProcessor):
         logger.info(
             f"{color.red}step: {step_text}  {color.green}loss: {global_avg_loss:8.5f}  "
             f"{color.orange}grad_norm: {grad_norm:7.4f}  {color.blue}tps: {round(tps):,}  "
-            f"{color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
+            f"trained: {100 * trained_share:.0f}%  {color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
             f"{color.turquoise}memory: {memory_text} ({self.memory_source})  "
             f"{color.white}eta: {format_duration(eta) if eta is not None else '--'}{color.reset}"
         )
@@ -129,6 +134,7 @@ class Qwen3Metrics(MetricsProcessor):
         ours = {"validation_metrics/perplexity": perplexity, **(extra_metrics or {})}
         with titan_log_level_at_least(logging.WARNING):
             super().log_validation(loss, step, extra_metrics=ours)
+        self.trained_tokens_since_last_log = 0  # torchtitan restarted its token count too
         color = self.color
         logger.info(
             f"{color.yellow}validation  step: {step:2}  {color.green}val_loss: {loss:8.5f}  "

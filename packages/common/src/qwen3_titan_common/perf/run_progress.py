@@ -22,8 +22,17 @@ class RunProgress:
     steady_tokens: int = 0
     steady_seconds: float = 0.0
     peak_memory_gib: float | None = None
+    trained_tokens: float = 0.0  # tokens that carried loss, estimated from each interval's trained share
 
-    def record(self, step: int, loss: float, tokens: int, seconds: float, memory_gib: float | None) -> None:
+    def record(
+        self,
+        step: int,
+        loss: float,
+        tokens: int,
+        seconds: float,
+        memory_gib: float | None,
+        trained_share: float | None = None,
+    ) -> None:
         if self.first_step is None:
             self.first_step, self.first_loss = step, loss
         else:
@@ -32,6 +41,8 @@ class RunProgress:
         self.last_step, self.final_loss = step, loss
         self.tokens += tokens
         self.seconds += seconds
+        if trained_share is not None:
+            self.trained_tokens += trained_share * tokens
         if memory_gib is not None and memory_gib >= 0:
             self.peak_memory_gib = max(memory_gib, self.peak_memory_gib or 0.0)
 
@@ -53,6 +64,10 @@ class RunProgress:
         if per_step is None or self.last_step is None:
             return None
         return max(0, self.total_steps - self.last_step) * per_step
+
+    def trained_share(self) -> float | None:
+        """Share of the computed tokens that carried loss, over the logged steps."""
+        return self.trained_tokens / self.tokens if self.tokens else None
 
     def tokens_per_second(self) -> float | None:
         if self.steady_seconds > 0:

@@ -1,6 +1,6 @@
 """The end of a run in a few lines: how it went, where its outputs are, and the commands that come next.
 
-    [train] done: steps 1-30 of 30 in 41s; 245,760 tokens, 6,012 tokens/s; loss 8.349 -> 5.871; peak memory 1.27GiB (host RSS)
+    [train] done: steps 1-30 of 30 in 41s; 245,760 tokens, 6,012 tokens/s, 100% of them trained; loss 8.349 -> 5.871; peak memory 1.27GiB (host RSS)
     [train] checkpoint: outputs/native-debug/checkpoint/step-30
     [train] export:     outputs/native-debug/hf/step-30
     [train] resume:     uv run --package native-backend train --steps 60   (from step 30; any --steps above 30)
@@ -41,6 +41,7 @@ class RunSummary:
     memory_source: str
     checkpoint: str | None  # the last step checkpoint's folder, None when checkpointing is off
     export: str | None  # the last Hugging Face export's folder, None without one
+    trained_share: float | None = None  # share of the computed tokens that carried loss
 
     def write(self, path: str | os.PathLike) -> None:
         """Atomically: the launcher reads a complete file or none."""
@@ -100,6 +101,8 @@ def summary_lines(
         return ["done: no step was trained (the run had already reached --training.steps)"]
     took = _duration(wall_seconds if wall_seconds is not None else s.train_seconds)
     rate = f", {s.tokens_per_second:,.0f} tokens/s" if s.tokens_per_second else ""
+    if s.trained_share is not None:
+        rate += f", {100 * s.trained_share:.0f}% of them trained"
     memory = f"; peak memory {s.peak_memory_gib:.2f}GiB ({s.memory_source})" if s.peak_memory_gib else ""
     loss = f"; loss {s.first_loss:.3f} -> {s.final_loss:.3f}" if s.first_loss is not None else ""
     lines = [
@@ -157,6 +160,7 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
         memory_source=metrics.memory_source,
         checkpoint=checkpoint,
         export=str(Path(export).resolve()) if export else None,
+        trained_share=progress.trained_share(),
     )
 
 

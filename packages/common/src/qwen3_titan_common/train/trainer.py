@@ -131,6 +131,14 @@ class Qwen3Trainer(Trainer):
             config, training=dataclasses.replace(config.training, disable_cuda_graphs=True)
         )
 
+    def batch_generator(self, data_iterable):
+        """torchtitan's batches, each one's trained tokens (labels not ignored) counted for the step line."""
+        from torchtitan.components.loss import IGNORE_INDEX
+
+        for input_dict, labels in super().batch_generator(data_iterable):
+            self.metrics_processor.trained_tokens_since_last_log += int((labels != IGNORE_INDEX).sum())
+            yield input_dict, labels
+
     def train_step(self, data_iterator) -> None:
         super().train_step(data_iterator)
         interval = self.config.hf.export_interval
