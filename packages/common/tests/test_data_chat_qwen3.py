@@ -267,7 +267,9 @@ def test_packed_conversations_keep_the_tokens_and_mask_each_has_alone(tmp_path, 
         for system in (False, True)
     ]
     alone = []
-    for inputs, labels, positions in rows(tmp_path, hybrid_dir, records, earlier_reasoning="split", with_positions=True):
+    for inputs, labels, positions in rows(
+        tmp_path, hybrid_dir, records, earlier_reasoning="split", with_positions=True
+    ):
         end = positions.index(0, 1) if 0 in positions[1:] else len(positions)  # the padding starts at 0 again
         alone.append((inputs[:end], labels[:end]))
     packed = rows(tmp_path, hybrid_dir, records, earlier_reasoning="split", packing=True, with_positions=True)

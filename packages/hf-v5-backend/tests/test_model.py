@@ -223,21 +223,36 @@ def test_cuda_graphs_go_off_for_flex_attention_only(monkeypatch):
         assert config.training.disable_cuda_graphs is graphs_off, attention
 
 
-def test_sdpa_attention_is_causal_over_the_whole_row_without_a_mask():
-    # The registered implementation gets no mask from transformers (so nothing differs between a CUDA
-    # graph capture and a plain step) and matches plain causal SDPA.
+def test_sdpa_attention_masks_each_packed_document_and_always_builds_its_mask():
+    # The registered implementation is transformers' SDPA under transformers' packed-sequence mask,
+    # built at every call (so nothing differs between a CUDA graph capture and a plain step).
     import torch
-    from qwen3_titan_hf_v5.attention import CAUSAL_SDPA
+    from qwen3_titan_hf_v5.attention import DOCUMENT_SDPA
     from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.masking_utils import create_causal_mask
 
     config = AutoConfig.for_model(
         "qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_cache=False,
     )  # fmt: skip
     torch.manual_seed(0)
-    ours = AutoModelForCausalLM.from_config(config, attn_implementation=CAUSAL_SDPA).eval()
+    ours = AutoModelForCausalLM.from_config(config, attn_implementation=DOCUMENT_SDPA).eval()
     reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     reference.load_state_dict(ours.state_dict())
     tokens = torch.randint(0, 64, (2, 12))
+    positions = torch.tensor([list(range(5)) + list(range(7)), list(range(12))])
     with torch.no_grad():
-        assert torch.allclose(ours(tokens).logits, reference(tokens).logits, atol=1e-5)
+        packed = ours(tokens, position_ids=positions, use_cache=False).logits
+        assert torch.allclose(
+            packed, reference(tokens, position_ids=positions, use_cache=False).logits, atol=1e-5
+        )
+        alone = ours(tokens[:1, 5:], position_ids=torch.arange(7)[None], use_cache=False).logits
+        assert torch.allclose(packed[:1, 5:], alone, atol=1e-5)
+        embeds = ours.model.embed_tokens(tokens)
+        single = torch.arange(12).expand(2, 12)  # one document per row: transformers' "sdpa" skips the mask
+        for implementation, built in ((DOCUMENT_SDPA, True), ("sdpa", False)):
+            config._attn_implementation = implementation
+            mask = create_causal_mask(
+                config=config, inputs_embeds=embeds, attention_mask=None, cache=None, position_ids=single
+            )
+            assert (mask is not None) is built, implementation

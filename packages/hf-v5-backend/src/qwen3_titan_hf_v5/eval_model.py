@@ -1,7 +1,7 @@
 """``eval --backend hf-v5-backend``: a Hugging Face directory as this backend trains it, an ``HFCausalLM``.
 
 The model is the one the trainer builds (``hf_v5_model_spec``: transformers' modelling code with this
-backend's mask-free SDPA attention), its weights read through the backend's own state-dict adapter
+backend's per-document SDPA attention), its weights read through the backend's own state-dict adapter
 (per-expert checkpoint tensors fused as transformers v5 holds them, ``lm_head`` of a tied model filled from
 the embedding).
 """

@@ -127,7 +127,7 @@ class HFCausalLM(BaseModel):
         self.model = causal_lm.model
         self.lm_head = causal_lm.lm_head
         # transformers gives the embedding padding_idx=pad_token_id, which zeroes that row's
-        # gradient. Training rows are packed (no padding), and the Qwen3 configs here set
+        # gradient. Padding in a row is EOS, and the Qwen3 configs here set
         # pad_token_id = eos_token_id: it would freeze the EOS embedding, which torchtitan's
         # native model trains. The forward is unchanged.
         self.model.embed_tokens.padding_idx = None
@@ -148,8 +148,9 @@ class HFCausalLM(BaseModel):
         return self.model.embed_tokens
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens (B, L) -> logits (B, L, vocab). Positions (per-document, restarting after EOS) set RoPE,
-        # and under flex attention also mask attention across documents (attention.py).
+        # tokens (B, L) -> logits (B, L, vocab). Positions restart at 0 where each packed document starts:
+        # they set RoPE, and transformers' mask functions keep each document's attention to itself
+        # (attention.py); that needs attention_mask None and no cache.
         hidden_BLD = self.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state
         if lm_head_applied_by_loss(self):
             return hidden_BLD

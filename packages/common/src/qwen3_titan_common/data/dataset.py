@@ -64,7 +64,9 @@ class StreamSettings:
 def sample_of(row: Row) -> Sample:
     """A row as the Trainer takes it: positions go to the model, which masks attention by them."""
     inputs, labels, positions = row
-    return {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)}, torch.from_numpy(labels)
+    return {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)}, torch.from_numpy(
+        labels
+    )
 
 
 class RecordStreamDataset(IterableDataset, Stateful):
@@ -228,7 +230,6 @@ class RecordStreamDataset(IterableDataset, Stateful):
                 f"{line} (fix it, or pass --dataloader.on_bad_record skip to train without it)"
             )
         self.skipped.add(line)
-
 
     # -- checkpointing -----------------------------------------------------------------------
 

@@ -106,7 +106,11 @@ class Qwen3Metrics(MetricsProcessor):
         self.trained_tokens_since_last_log = 0
         self.progress.record(step, global_avg_loss, all_ranks_tokens, seconds, memory, trained_share)
         eta = self.progress.eta_seconds()
-        ours = {"memory/peak(GiB)": memory, "throughput/trained_share": trained_share, **(extra_metrics or {})}
+        ours = {
+            "memory/peak(GiB)": memory,
+            "throughput/trained_share": trained_share,
+            **(extra_metrics or {}),
+        }
         # torchtitan's ``log`` prints its own line at INFO; ours replaces it, its metrics stay.
         with titan_log_level_at_least(logging.WARNING):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
