@@ -54,7 +54,8 @@ def _expected(hf, messages):
 def _first_row(tmp_path, tokenizer, messages):
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": messages}) + "\n")
-    loader = TextChatDataLoader.Config(dataset=str(path)).build(
+    # One conversation per row: the row is the conversation alone (packed rows hold the same, test_data_chat_qwen3).
+    loader = TextChatDataLoader.Config(dataset=str(path), packing=False).build(
         dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=SEQ_LEN, local_batch_size=1
     )
     inputs, labels = next(iter(loader))

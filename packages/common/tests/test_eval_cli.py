@@ -35,7 +35,8 @@ def _report(capsys, *argv) -> dict:
 
 
 def _transformers_loss(path, seq_len, batches) -> tuple[float, int]:
-    """transformers' loss over the rows eval reads: the held-out part of the embedded corpus."""
+    """transformers' loss over the rows eval reads (the held-out part of the embedded corpus), each document
+    scored alone: per-document positions, no attention mask, no cache (transformers' packed sequences)."""
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(path))
     config = ValidationDataLoader.Config(dataset="default", split="train", records="held_out")
     loader = config.build(
@@ -45,7 +46,7 @@ def _transformers_loss(path, seq_len, batches) -> tuple[float, int]:
     total, tokens = 0.0, 0
     with torch.no_grad():
         for _, (inputs, labels) in zip(range(batches), loader, strict=False):
-            logits = model(inputs["input"]).logits
+            logits = model(inputs["input"], position_ids=inputs["positions"], use_cache=False).logits
             total += torch.nn.functional.cross_entropy(
                 logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
             ).item()

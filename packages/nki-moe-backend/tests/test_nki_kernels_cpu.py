@@ -50,11 +50,14 @@ def test_rms_norm_kernels(kernels, dtype):
 
     if dtype == torch.float32:
         tol = dict(atol=1e-5, rtol=1e-5)
+        # The weight gradient sums 512 rows of products of order 1: two summation orders differ by fp32
+        # rounding of that sum, up to ~512 ulps of 1 (3e-5), and do near a cancelling entry.
+        dw_tol = dict(atol=1e-4, rtol=1e-5)
     else:  # the kernel rounds where torch.rms_norm does; statistics summed in another order
-        tol = dict(atol=1e-2, rtol=1e-2)
+        tol = dw_tol = dict(atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(y, want_y, **tol)
     torch.testing.assert_close(grad_x, want_dx, **tol)
-    torch.testing.assert_close(grad_w_parts.sum(0).to(dtype), want_dw, **tol)
+    torch.testing.assert_close(grad_w_parts.sum(0).to(dtype), want_dw, **dw_tol)
     if measure is not None:
         itemsize = x.element_size()
         assert measure.footprint("sbuf") == kernel_limits.rms_norm_forward_bytes(dim, itemsize, itemsize)
