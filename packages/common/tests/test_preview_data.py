@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.cli.preview_data import TRAINED_CLOSE, TRAINED_OPEN, main
+from qwen3_titan_common.assets import default_tokenizer_dir
+from qwen3_titan_common.cli.preview_data import RESET, TRAINED_CLOSE, TRAINED_OPEN, main
+from qwen3_titan_common.cli.preview_rows import BOUNDARY_COLOR
 from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
 from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
 from torchtitan.components.loss import IGNORE_INDEX
@@ -30,6 +32,32 @@ RECORDS = [
     {"messages": [{"role": "user", "content": "Nobody answers."}]},
     {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]},
 ]
+# --rows: short conversations, several to a row of 128 tokens, and texts of which some outgrow a row of 64.
+CHATS = [
+    {
+        "messages": [
+            {"role": "user", "content": f"What is {n} + {n}?"},
+            {"role": "assistant", "content": f"{2 * n}."},
+        ]
+    }
+    for n in range(7)
+] + [
+    {
+        "messages": [
+            {"role": "user", "content": "Name three colours."},
+            {"role": "assistant", "content": "Red, green and blue.", "reasoning_content": "Primary ones."},
+        ]
+    }
+]
+TEXTS = [
+    "A short note.",
+    "Packing puts several documents into one row; " * 6 + "the end.",
+    "Caf\u00e9 au lait \u2603 \u65e5\u672c: characters of several bytes.",
+    "Third document, a little longer than the first one.",
+    "Last.",
+]
+ROW_HEADER = re.compile(r"== row (\d+): (\d+) documents?, (\d+) tokens \+ (\d+) padding, (\d+) trained")
+MARKER = re.compile(r"\u2502doc (\d+)(, continued)?\u2502")
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +165,186 @@ def test_console_script_errors_are_one_line(tmp_path, data):
         refused.stderr == "preview-data: chat records need a chat template: the tokenizer has none; add "
         "`chat_template` to tokenizer_config.json or a chat_template.jinja next to it\n"
     )
+
+
+# -- --rows: the rows the training dataloader builds -----------------------------------------------
+
+
+@pytest.fixture
+def chats(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in CHATS))
+    return path
+
+
+@pytest.fixture
+def texts(tmp_path):
+    path = tmp_path / "texts.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return path
+
+
+def loader_rows(dataset, tokenizer_dir, seq_len, packing, **config):
+    """Every row of one pass, in file order, as the Trainer would get them: (inputs, labels, positions)."""
+    loader = TextChatDataLoader.Config(
+        dataset=str(dataset), shuffle=False, infinite=False, packing=packing, **config
+    ).build(
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=ChatTemplateTokenizer.Config().build(tokenizer_path=str(tokenizer_dir)),
+        seq_len=seq_len,
+        local_batch_size=1,
+    )
+    return [
+        (inputs["input"][0].tolist(), labels[0].tolist(), inputs["positions"][0].tolist())
+        for inputs, labels in loader
+    ]
+
+
+def eos_of(tokenizer_dir) -> int:
+    return ChatTemplateTokenizer.Config().build(tokenizer_path=str(tokenizer_dir)).eos_id
+
+
+def preview_json_rows(capsys, dataset, tokenizer_dir, seq_len, packing):
+    packing_flag = [] if packing else ["--no-packing"]
+    argv = [str(dataset), "--tokenizer", str(tokenizer_dir), "--rows", "50", "--seq-len", str(seq_len)]
+    assert main([*argv, "--json", *packing_flag]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "no-packing"])
+@pytest.mark.parametrize("kind", ["chat", "text"])
+def test_json_rows_are_the_dataloaders_rows(qwen3, chats, texts, capsys, kind, packing):
+    dataset, tokenizer_dir, seq_len = (
+        (chats, qwen3, 128) if kind == "chat" else (texts, default_tokenizer_dir(), 64)
+    )
+    shown = preview_json_rows(capsys, dataset, tokenizer_dir, seq_len, packing)
+    rows = loader_rows(dataset, tokenizer_dir, seq_len, packing)
+    eos = eos_of(tokenizer_dir)
+    assert [row["row"] for row in shown] == list(range(1, len(rows) + 1))  # every row of the pass, numbered
+    for row, (inputs, labels, positions) in zip(shown, rows, strict=True):
+        documents, padding = row["documents"], row["padding"]
+        assert [t for d in documents for t in d["ids"]] + [eos] * padding == inputs
+        trained = [int(label != IGNORE_INDEX) for label in labels]
+        assert [m for d in documents for m in d["mask"]] + [0] * padding == trained
+        # A document starts where positions restart at 0; the padding counts up from 0 as a part of its own.
+        starts = [d["start"] for d in documents] + ([seq_len - padding] if padding else [])
+        assert starts == [t for t, position in enumerate(positions) if position == 0]
+        assert all(len(d["ids"]) == len(d["mask"]) and sum(d["mask"]) for d in documents)
+    documents_per_row = [len(row["documents"]) for row in shown]
+    if packing:
+        assert max(documents_per_row) > 1
+    else:
+        assert set(documents_per_row) == {1}
+    if kind == "chat":
+        # Conversations are packed whole: each one is a document of exactly one row.
+        assert sum(documents_per_row) == len(CHATS)
+
+
+def test_terminal_rows_show_each_conversation_between_markers_and_the_padding(qwen3, chats, capsys):
+    from transformers import AutoTokenizer
+
+    argv = [str(chats), "--tokenizer", str(qwen3), "--rows", "50", "--seq-len", "128"]
+    assert main([*argv, "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    assert main([*argv, "--json"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    rows_text, summary = out.rstrip("\n").rsplit("\n", 1)
+    blocks = re.split(r"^(?===)", rows_text, flags=re.M)
+    assert not blocks[0] and len(blocks) == len(shown) + 1
+    renderings = []
+    for block, row in zip(blocks[1:], shown, strict=True):
+        header, body = block.split("\n", 1)
+        number, documents, used, padding, trained = map(int, ROW_HEADER.fullmatch(header).groups())
+        assert (number, documents, padding) == (row["row"], len(row["documents"]), row["padding"])
+        assert used == sum(len(d["ids"]) for d in row["documents"]) == 128 - padding
+        assert trained == sum(sum(d["mask"]) for d in row["documents"])
+        body, padding_line = body.rstrip("\n").rsplit("\n", 1)
+        assert padding_line == f"[padding: {padding} token{'' if padding == 1 else 's'}]"
+        _, *parts = MARKER.split(body + "\n")
+        assert [int(n) for n in parts[0::3]] == list(range(1, documents + 1)) and not any(parts[1::3])
+        renderings += parts[2::3]
+
+    hf = AutoTokenizer.from_pretrained(str(qwen3))
+    expected = [hf.apply_chat_template(r["messages"], tokenize=False) for r in CHATS]
+    # Each conversation exactly once, its assistant turns (and only those) marked as trained.
+    plain = [r.replace(TRAINED_OPEN, "").replace(TRAINED_CLOSE, "") for r in renderings]
+    assert sorted(plain) == sorted(expected)
+    for shown_text, text in zip(renderings, plain, strict=True):
+        marked = re.findall(rf"{TRAINED_OPEN}(.*?){TRAINED_CLOSE}", shown_text, re.S)
+        assert marked == [m.group(1) for m in ASSISTANT_TURN.finditer(text)]
+    trained = sum(sum(d["mask"]) for row in shown for d in row["documents"])
+    assert summary == (
+        f"{len(shown)} rows of 128 positions: {trained} of {128 * len(shown)} positions trained "
+        f"({trained / (128 * len(shown)):.1%}), {len(CHATS) / len(shown):.2f} documents per row; "
+        f"one pass over the data gives only {len(shown)}"
+    )
+
+
+def test_terminal_rows_say_where_a_text_continues_from_the_row_before(texts, capsys):
+    from qwen3_titan_common.data.tokens import DocumentTokenizer
+
+    seq_len = 64
+    assert main([str(texts), "--rows", "50", "--seq-len", str(seq_len), "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    headers = ROW_HEADER.findall(out)
+    # The stream of (input, label) pairs: a row boundary inside a document makes its rest a continued one.
+    tokens = DocumentTokenizer(
+        ChatTemplateTokenizer.Config().build(tokenizer_path=str(default_tokenizer_dir()))
+    )
+    lengths = [len(ids) - 1 for ids in tokens.documents(TEXTS)]
+    starts = {sum(lengths[:k]) for k in range(len(lengths) + 1)}
+    continued = [k + 1 for k in range(1, len(headers)) if k * seq_len not in starts]
+    assert len(headers) == -(-sum(lengths) // seq_len) and continued  # every pair once, some rows continued
+    assert [int(header[0]) for header in headers] == list(range(1, len(headers) + 1))
+    continued_shown = re.findall(r"^== row (\d+).*\n\u2502doc 1, continued\u2502", out, re.M)
+    assert [int(n) for n in continued_shown] == continued
+    assert out.count(", continued") == len(continued)
+    # The first row: the first text whole, its EOS trained and shown; only the last row is padded.
+    first_row = out.split("\n", 2)[1]
+    assert first_row.startswith(
+        f"\u2502doc 1\u2502A{TRAINED_OPEN} short note.<|endoftext|>{TRAINED_CLOSE}\u2502doc 2\u2502"
+    )
+    assert re.findall(r"^\[padding: (\d+) tokens?\]$", out, re.M) == [headers[-1][3]]
+
+    # One text to a row: a character of several bytes (several tokens) is shown once, as it is in the record.
+    assert (
+        main([str(texts), "--rows", "50", "--seq-len", str(seq_len), "--color", "never", "--no-packing"]) == 0
+    )
+    whole = f"\u2502doc 1\u2502C{TRAINED_OPEN}{TEXTS[2][1:]}<|endoftext|>{TRAINED_CLOSE}\n[padding: "
+    assert whole in capsys.readouterr().out
+
+    assert main([str(texts), "--rows", "1", "--seq-len", str(seq_len), "--color", "always"]) == 0
+    assert f"{BOUNDARY_COLOR}\u2502doc 2\u2502{RESET}" in capsys.readouterr().out
+
+
+def test_rows_stop_at_a_bad_record_as_training_does_or_skip_it(qwen3, data, capsys):
+    argv = [str(data), "--tokenizer", str(qwen3), "--rows", "3", "--seq-len", "256", "--json"]
+    assert main(argv) == 1  # record 2 stops training before a row of conversations is full
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and f"{data}:2: chat has no assistant turn" in captured.err
+
+    assert main([*argv, "--on-bad-record", "skip"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    [(inputs, _, _)] = loader_rows(data, qwen3, 256, True, on_bad_record="skip")
+    [row] = shown
+    assert len(row["documents"]) == 2
+    assert [t for d in row["documents"] for t in d["ids"]] == inputs[: 256 - row["padding"]]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--rows", "0", "--seq-len", "64"],
+        ["--rows", "-2", "--seq-len", "64"],
+        ["--rows", "2"],
+        ["--rows", "2", "--seq-len", "64", "-n", "2"],
+    ],
+    ids=["zero", "negative", "no-seq-len", "with-n"],
+)
+def test_bad_rows_flags_are_one_line(texts, capsys, flags):
+    assert main([str(texts), *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("preview-data: ")

@@ -2,11 +2,19 @@
 
     preview-data data/chat.jsonl --tokenizer assets/hf/Qwen3-4B-Instruct-2507
     preview-data data/chat.jsonl --tokenizer DIR -n 1 --json          # token ids and a 0/1 mask
+    preview-data data/chat.jsonl --tokenizer DIR --rows 2 --seq-len 4096   # rows as they are packed
 
 Reads the first N records in file order exactly as ``train`` reads them (the same dataloader flags,
 the same chat template and masking): in the terminal each record is rendered with the trained text
 highlighted; ``--json`` prints one JSON object per record, ``{"record", "format", "rows": [{"ids",
 "mask"}]}`` (``mask[t]`` is 1 when token ``t`` is predicted with loss) or ``{"record", "error"}``.
+
+``--rows N --seq-len L`` shows instead the first N rows that the training dataloader itself builds
+(``TextChatDataLoader``, file order, one pass): the documents packed into each row with a marker at
+each boundary, the padding summarised; ``--json`` prints one object per row, ``{"row", "documents":
+[{"start", "ids", "mask"}], "padding"}``, where ``ids`` are the document's inputs and ``mask[t]`` is 1
+when the label of input ``t`` carries loss.
+
 Exits 1 when a previewed record would stop training, 2 on a dataset or tokenizer that cannot be read.
 """
 
@@ -23,6 +31,7 @@ TRAINED_COLOR = "\x1b[1;30;42m"  # bold, black on green
 CONTEXT_COLOR = "\x1b[2m"  # dim
 RESET = "\x1b[0m"
 TRAINED_OPEN, TRAINED_CLOSE = "\u27e6", "\u27e7"  # without colour: trained text between these
+DEFAULT_RECORDS = 3
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,8 @@ def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
             conversation_of(record.value, args.messages_field, args.tools_field)
         ):
             if args.seq_len:
-                chat_document(chat_tokens, args.seq_len, tokens.eos_id)  # the checks training makes, same error
+                # The checks training makes, with the same error.
+                chat_document(chat_tokens, args.seq_len, tokens.eos_id)
             mask = [int(t) for t in chat_tokens.trained]
             rows.append(_row(chat_tokens.ids, mask, chat_tokens.text, chat_tokens.offsets, args))
         return PreviewRecord(record.location, record_format, rows)
@@ -169,10 +179,25 @@ def _parser() -> argparse.ArgumentParser:
         help="tokenizer directory, e.g. the model directory given to train --hf-model (default: the embedded one)",
     )
     p.add_argument(
-        "-n", "--records", type=int, default=3, help="how many records, from the first (default 3)"
+        "-n", "--records", type=int, help=f"how many records, from the first (default {DEFAULT_RECORDS})"
     )
-    p.add_argument("--json", action="store_true", help="one JSON object per record: token ids and a 0/1 mask")
-    p.add_argument("--seq-len", type=int, help="cut each row as training with this --training.seq_len would")
+    p.add_argument(
+        "--rows",
+        type=int,
+        metavar="N",
+        help="show instead the first N rows the training dataloader builds (file order, one pass): the\n"
+        "documents packed into each, their boundaries, the padding; needs --seq-len",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per record (token ids and a 0/1 mask), or per row with --rows",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        help="the run's --training.seq_len: each record cut as training cuts it; with --rows, the row length",
+    )
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     # The dataloader's own flags, with its defaults (--dataloader.X in train).
     p.add_argument("--format", choices=("auto", "text", "chat"), default="auto")
@@ -182,24 +207,55 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train")
     p.add_argument("--earlier-reasoning", choices=("template", "context", "split"), default="template")
     p.add_argument("--allow-network", action="store_true")
+    # Only --rows reads these: the per-record view reports each bad record, and packs nothing.
+    p.add_argument(
+        "--packing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="--no-packing: one document per row, padded, as --dataloader.no-packing (--rows only)",
+    )
+    p.add_argument(
+        "--on-bad-record",
+        choices=("stop", "skip"),
+        default="stop",
+        help="as --dataloader.on_bad_record: the rows stop where training would, or go on without it (--rows only)",
+    )
     return p
+
+
+def _bad_arguments(args: argparse.Namespace) -> str | None:
+    """Why the command line cannot be previewed, in one line; None when it can."""
+    if any(n is not None and n < 1 for n in (args.records, args.rows, args.seq_len)):
+        return "-n, --rows and --seq-len take a positive number"
+    if args.rows is not None and args.records is not None:
+        return "-n counts records, --rows counts rows: pass one of them"
+    if args.rows is not None and args.seq_len is None:
+        # No default: rows are packed to the run's length, and a guessed one shows rows no run trains on.
+        return "--rows needs --seq-len, the run's --training.seq_len: rows are packed to that length"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     from qwen3_titan_common.errors import UserInputError
 
     args = _parser().parse_args(argv)
-    if args.records < 1 or (args.seq_len is not None and args.seq_len < 1):
-        print("preview-data: -n and --seq-len take a positive number", file=sys.stderr)
-        return 2
-    try:
-        records = preview(args)
-    except (UserInputError, OSError) as err:
-        print(f"preview-data: {err}", file=sys.stderr)
+    if (problem := _bad_arguments(args)) is not None:
+        print(f"preview-data: {problem}", file=sys.stderr)
         return 2
     color = args.color == "always" or (
         args.color == "auto" and sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
     )
+    try:
+        if args.rows is not None:
+            from qwen3_titan_common.cli.preview_rows import show_rows
+
+            return show_rows(args, color)
+        if args.records is None:
+            args.records = DEFAULT_RECORDS
+        records = preview(args)
+    except (UserInputError, OSError) as err:
+        print(f"preview-data: {err}", file=sys.stderr)
+        return 2
     for record in records:
         print(json.dumps(_as_json(record)) if args.json else _report(record, color))
     return 1 if any(r.error is not None for r in records) else 0

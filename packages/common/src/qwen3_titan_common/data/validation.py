@@ -99,6 +99,10 @@ class ValidationDataLoader(ParallelAwareDataloader):
         held_out: Annotated[float | None, tyro.conf.Suppress] = None
         """The held-out share of the dataset (the training data's --dataloader.held_out)."""
 
+        packing: Annotated[bool, tyro.conf.Suppress] = True
+        """Whether rows hold several documents: the training data's --dataloader.packing, so validation rows
+        are the kind the model trains on."""
+
         def __post_init__(self) -> None:
             if self.held_out is not None:
                 check_share(self.held_out, "--validator.dataloader.held_out")
