@@ -9,7 +9,8 @@ import sys
 
 import pytest
 from qwen3_titan_common.assets import debug_moe_architecture, default_architecture
-from qwen3_titan_common.runtime.dump_lock import DumpFolderBusy, DumpFolderLock, lock_holder
+from qwen3_titan_common.runtime import dump_lock
+from qwen3_titan_common.runtime.dump_lock import DumpFolderBusy, DumpFolderLock, job_identity, lock_holder
 from qwen3_titan_common.runtime.error_channel import CHANNEL_ENV, ErrorChannel
 from qwen3_titan_common.train.model_record import (
     RECORD_NAME,
@@ -38,6 +39,32 @@ def test_a_second_lock_names_the_holder_and_a_dead_holder_releases_it(tmp_path):
     lock.acquire()
     assert lock_holder(tmp_path) == str(os.getpid())  # held now, by this process
     lock.release()
+
+
+def test_launchers_of_one_job_share_the_lock_and_another_run_is_refused(tmp_path, monkeypatch):
+    # flock locks belong to open files, so two locks of one process conflict as two processes' do.
+    monkeypatch.setattr(dump_lock, "JOIN_WAIT_SECONDS", 0.3)
+    job = job_identity(2, "node-0:29500", "4242")
+    assert job_identity(1, "localhost:0", None) is None  # a single-node run holds the folder alone
+    first, second = DumpFolderLock(tmp_path, job), DumpFolderLock(tmp_path, job)
+    first.acquire()
+    second.acquire()  # the job's launcher on the other node
+    assert lock_holder(tmp_path) == str(os.getpid())
+    other_job = job_identity(2, "node-0:29500", "4243")
+    with pytest.raises(DumpFolderBusy, match=r"in use by another training run \(PID \d+, job node-0:29500/4242\)"):
+        DumpFolderLock(tmp_path, other_job).acquire()
+    with pytest.raises(DumpFolderBusy, match="in use by another training run"):
+        DumpFolderLock(tmp_path).acquire()  # a single-node run
+    first.release()
+    with pytest.raises(DumpFolderBusy):
+        DumpFolderLock(tmp_path, other_job).acquire()  # the job holds it while any launcher of it does
+    second.release()
+    alone = DumpFolderLock(tmp_path)
+    alone.acquire()
+    with pytest.raises(DumpFolderBusy, match="in use by another training run"):
+        DumpFolderLock(tmp_path, job).acquire()  # a multi-node job meets a single-node run
+    alone.release()
+    DumpFolderLock(tmp_path, other_job).acquire()
 
 
 def test_the_model_record_refuses_another_model_and_accepts_the_same(tmp_path):

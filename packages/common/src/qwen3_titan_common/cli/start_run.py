@@ -23,7 +23,7 @@ from qwen3_titan_common.cli.interrupts import raise_if_interrupted
 from qwen3_titan_common.cli.launch_checks import check_before_launch
 from qwen3_titan_common.cli.plan import Backend, LaunchPlan
 from qwen3_titan_common.cli.supervise import RunContext, SupervisedRun, torchrun_executable
-from qwen3_titan_common.runtime.dump_lock import HELD_ENV, DumpFolderLock
+from qwen3_titan_common.runtime.dump_lock import HELD_ENV, DumpFolderLock, job_identity
 
 LOG_DIR = "logs"
 
@@ -69,7 +69,8 @@ def start_run(
     try:
         checked = check_before_launch(backend, plan)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher checked
-        lock = DumpFolderLock(checked.dump_folder)
+        # The launchers of one multi-node job share the folder; any other run is refused.
+        lock = DumpFolderLock(checked.dump_folder, job_identity(plan.nnodes, plan.rdzv_endpoint, plan.rdzv_id))
         lock.acquire()
     except BaseException:  # an input error, or Ctrl-C while checking: the ranks have written nothing
         if run is not None:

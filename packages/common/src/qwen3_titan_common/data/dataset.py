@@ -26,7 +26,7 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.chat import ChatTokenizer, EarlierReasoning
 from qwen3_titan_common.data.conversation import conversation_of
-from qwen3_titan_common.data.packing import Row, chat_document, make_packer, text_document
+from qwen3_titan_common.data.packing import Document, Row, chat_document, make_packer, text_document
 from qwen3_titan_common.data.records import (
     BadRecordError,
     InvalidRecord,
@@ -64,9 +64,8 @@ class StreamSettings:
 def sample_of(row: Row) -> Sample:
     """A row as the Trainer takes it: positions go to the model, which masks attention by them."""
     inputs, labels, positions = row
-    return {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)}, torch.from_numpy(
-        labels
-    )
+    input_dict = {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)}
+    return input_dict, torch.from_numpy(labels)
 
 
 class RecordStreamDataset(IterableDataset, Stateful):
@@ -202,7 +201,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
         encoded = iter(self.tokens.documents(valid))
         return [next(encoded) if isinstance(t, str) else t for t in texts]
 
-    def _chat_documents(self, record: RawRecord) -> list:
+    def _chat_documents(self, record: RawRecord) -> list[Document]:
         """The record's conversations (several with earlier_reasoning="split"), or none for a bad one."""
         assert self.chat is not None
         try:

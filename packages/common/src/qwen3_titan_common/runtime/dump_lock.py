@@ -1,15 +1,27 @@
-"""One training run per dump folder at a time: an OS file lock, released by the OS when its holder exits.
+"""One training job per dump folder at a time: an OS file lock, released by the OS when its holder exits.
 
-Two runs writing one folder would both resume from (or both start) the same checkpoints and overwrite
+Two jobs writing one folder would both resume from (or both start) the same checkpoints and overwrite
 each other's. The lock is ``<dump_folder>/.train.lock``, held with ``flock`` for the whole run by the
-``train`` launcher (or, without it, by rank 0); it holds the holder's PID so a second run can name it.
-A holder that dies, even by SIGKILL, releases it, so a stale file never blocks a rerun.
+``train`` launcher (or, without it, by rank 0). A holder that dies, even by SIGKILL, releases it, so a
+stale file never blocks a rerun.
+
+A job of several nodes has one launcher per node, all writing the same folder on a shared filesystem
+(the rank that saves each part of a checkpoint is torchtitan's business). They share the lock: the
+first holds it shared and writes the job's identity into the file (the rendezvous endpoint and id, which
+every launcher of one job is given), and a launcher that finds the lock held joins only when it reads
+its own job there. A single-node run holds the lock exclusively. The file names the holder (job, host,
+PID) so a refused run can say who it is waiting for; whether that holder is alive is the OS's call (the
+lock is released when it exits), never a PID looked up on this host, which means nothing on a shared
+filesystem.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import socket
+import time
 from pathlib import Path
 
 from qwen3_titan_common.errors import UserInputError
@@ -17,10 +29,32 @@ from qwen3_titan_common.errors import UserInputError
 LOCK_NAME = ".train.lock"
 # Set by the launcher for its ranks: the folder is already locked, by their parent.
 HELD_ENV = "QWEN3_TITAN_DUMP_LOCK_HELD"
+# A first launcher of a job holds the lock exclusively for the moment it writes the job's identity;
+# another launcher of the job that comes then retries this long before it says the folder is busy.
+JOIN_WAIT_SECONDS = 5.0
 
 
 class DumpFolderBusy(UserInputError):
     pass
+
+
+def _read_holder(f) -> dict:
+    f.seek(0)
+    text = f.read().strip()
+    try:
+        holder = json.loads(text)
+    except ValueError:
+        return {"pid": text or "unknown"}  # a lock file of an earlier version: its PID alone
+    return holder if isinstance(holder, dict) else {"pid": text}
+
+
+def describe_holder(holder: dict) -> str:
+    parts = [f"PID {holder.get('pid', 'unknown')}"]
+    if holder.get("host") and holder.get("host") != socket.gethostname():
+        parts.append(f"on {holder['host']}")
+    if holder.get("job"):
+        parts.append(f"job {holder['job']}")
+    return ", ".join(parts)
 
 
 def lock_holder(folder: Path) -> str | None:
@@ -32,42 +66,84 @@ def lock_holder(folder: Path) -> str | None:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            return f.read().strip() or "unknown"
+            return str(_read_holder(f).get("pid", "unknown"))
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     return None
 
 
 def busy_message(folder: Path, holder: str) -> str:
     return (
-        f"--dump_folder {folder}: in use by another training run (PID {holder}); wait for it to finish, "
+        f"--dump_folder {folder}: in use by another training run ({holder}); wait for it to finish, "
         "stop it, or pass another --dump_folder"
     )
 
 
-class DumpFolderLock:
-    """Held from :meth:`acquire` until :meth:`release` or the process exits."""
+def job_identity(nnodes: int, rdzv_endpoint: str, rdzv_id: str | None) -> str | None:
+    """What every launcher of one multi-node job shares, and another job does not: the rendezvous
+    (endpoint and id). None for a single-node run, whose launcher is alone."""
+    if nnodes <= 1:
+        return None
+    return f"{rdzv_endpoint}/{rdzv_id or 'none'}"
 
-    def __init__(self, folder: str | os.PathLike):
+
+class DumpFolderLock:
+    """Held from :meth:`acquire` until :meth:`release` or the process exits. ``job``: the identity of a
+    multi-node job (:func:`job_identity`), whose launchers share the lock; None: held alone."""
+
+    def __init__(self, folder: str | os.PathLike, job: str | None = None):
         self.folder = Path(folder)
+        self.job = job
         self._file = None
 
     def acquire(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
         f = open(self.folder / LOCK_NAME, "a+")  # noqa: SIM115 (held open for the whole run)
         try:
+            self._take(f)
+        except BaseException:
+            f.close()
+            raise
+        os.set_inheritable(f.fileno(), False)
+        self._file = f
+
+    def _take(self, f) -> None:
+        try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise DumpFolderBusy(busy_message(self.folder, holder)) from None
-        os.set_inheritable(f.fileno(), False)
+            self._join(f)
+            return
         f.seek(0)
         f.truncate()
-        f.write(f"{os.getpid()}\n")
+        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": self.job}) + "\n")
         f.flush()
-        self._file = f
+        if self.job is not None:
+            # Shared from now on, for the job's other launchers. flock converts by unlocking first: a
+            # launcher of another job may take the lock in between, and then this one is the one refused.
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DumpFolderBusy(busy_message(self.folder, describe_holder(_read_holder(f)))) from None
+
+    def _join(self, f) -> None:
+        """The lock is held: share it when the holder is this launcher's own job, else refuse."""
+        deadline = time.monotonic() + (JOIN_WAIT_SECONDS if self.job is not None else 0.0)
+        while True:
+            holder = _read_holder(f)
+            if self.job is None or holder.get("job") not in (None, self.job):
+                break
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+                continue
+            holder = _read_holder(f)
+            if holder.get("job") == self.job:
+                return
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            break
+        raise DumpFolderBusy(busy_message(self.folder, describe_holder(holder)))
 
     def release(self) -> None:
         if self._file is not None:
