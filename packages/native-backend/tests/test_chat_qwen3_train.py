@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_testing.chats import sample_chat
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.qwen3_tokenizer import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir
+from torchtitan.components.loss import IGNORE_INDEX
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 CPU_ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
@@ -32,7 +34,8 @@ def test_multi_turn_qwen3_chats_train_from_the_first_step(tmp_path):
     proc = subprocess.run(
         [TRAIN, "--hf-model", str(model), "--dataloader.dataset", str(data), "--training.steps", "3",
          "--training.seq_len", "512", "--training.local_batch_size", "2", "--dataloader.earlier_reasoning", "split",
-         "--checkpoint.no-enable", "--hf.no-export", "--dump_folder", str(tmp_path / "out")],
+         "--checkpoint.no-enable", "--hf.no-export", "--validator.no-enable", "--dataloader.held_out", "0",
+         "--dump_folder", str(tmp_path / "out")],
         cwd=tmp_path, env=CPU_ENV, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     log = proc.stdout + proc.stderr
@@ -44,6 +47,16 @@ def test_multi_turn_qwen3_chats_train_from_the_first_step(tmp_path):
     # Random init predicts about uniformly over the 151,936-entry vocabulary.
     assert abs(steps[0].loss - math.log(QWEN3_VOCAB_SIZE)) < 0.3
     assert all(math.isfinite(s.loss) for s in steps)
+    # The step line's trained share is the share of the step's rows whose label is not ignored.
+    loader = TextChatDataLoader.Config(dataset=str(data), earlier_reasoning="split").build(
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=ChatTemplateTokenizer.Config().build(tokenizer_path=str(model)),
+        seq_len=512,
+        local_batch_size=2,
+    )
+    for step, (_, labels) in zip(steps, loader, strict=False):
+        assert step.trained_percent == round(100 * int((labels != IGNORE_INDEX).sum()) / labels.numel())
 
 
 @pytest.mark.slow

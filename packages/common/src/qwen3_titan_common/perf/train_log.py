@@ -16,6 +16,7 @@ _FIELD = {
     "tflops": re.compile(r"tflops:\s*([0-9,.]+)"),
     "memory": re.compile(r"memory:\s*([0-9.]+)GiB"),
     "mfu": re.compile(r"mfu:\s*([0-9.]+)%"),
+    "trained": re.compile(r"trained:\s*([0-9.]+)%"),
 }
 
 
@@ -29,6 +30,7 @@ class StepLine:
     mfu_percent: float | None = None
     total_steps: int | None = None
     eta_seconds: int | None = None
+    trained_percent: float | None = None  # share of the step's tokens that carried loss
 
 
 def _field(name: str, line: str) -> float | None:
@@ -58,6 +60,7 @@ def parse_step_lines(log: str) -> list[StepLine]:
                     memory_gib=_field("memory", line),
                     tflops=_field("tflops", line),
                     mfu_percent=_field("mfu", line),
+                    trained_percent=_field("trained", line),
                     total_steps=int(match.group(2)) if match.group(2) else None,
                     eta_seconds=_eta(line),
                 )
