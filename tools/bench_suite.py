@@ -49,6 +49,7 @@ SUITE = [
     ),
     ("data pipeline vs model", "bench_data.py", [], ["--batches", "50"]),
     ("validation cost, eval vs training", "bench_eval.py", ["--repeats", "3"], ["--repeats", "1"]),
+    ("packed chats vs one per row vs TRL", "bench_packing.py", [], ["--quick"]),
 ]
 _TARGET = re.compile(r"target|: (met|MISSED)\b", re.IGNORECASE)
 
