@@ -51,7 +51,9 @@ def test_launchers_of_one_job_share_the_lock_and_another_run_is_refused(tmp_path
     second.acquire()  # the job's launcher on the other node
     assert lock_holder(tmp_path) == str(os.getpid())
     other_job = job_identity(2, "node-0:29500", "4243")
-    with pytest.raises(DumpFolderBusy, match=r"in use by another training run \(PID \d+, job node-0:29500/4242\)"):
+    with pytest.raises(
+        DumpFolderBusy, match=r"in use by another training run \(PID \d+, job node-0:29500/4242\)"
+    ):
         DumpFolderLock(tmp_path, other_job).acquire()
     with pytest.raises(DumpFolderBusy, match="in use by another training run"):
         DumpFolderLock(tmp_path).acquire()  # a single-node run

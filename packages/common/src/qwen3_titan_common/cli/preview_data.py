@@ -51,13 +51,11 @@ class PreviewRecord:
     error: str | None = None
 
 
-def preview(args: argparse.Namespace) -> list[PreviewRecord]:
-    from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
-    from qwen3_titan_common.data.chat import ChatTokenizer
-    from qwen3_titan_common.data.loader import open_dataset
-    from qwen3_titan_common.data.tokens import DocumentTokenizer
+def dataloader_config(args: argparse.Namespace, **more):
+    """The dataloader config ``train`` would build from the same ``--dataloader.*`` flags; ``more``: other fields."""
+    from qwen3_titan_common.data import TextChatDataLoader
 
-    config = TextChatDataLoader.Config(
+    return TextChatDataLoader.Config(
         dataset=args.dataset,
         format=args.format,
         text_field=args.text_field,
@@ -66,8 +64,17 @@ def preview(args: argparse.Namespace) -> list[PreviewRecord]:
         split=args.split,
         earlier_reasoning=args.earlier_reasoning,
         allow_network=args.allow_network,
+        **more,
     )
-    opened = open_dataset(config)
+
+
+def preview(args: argparse.Namespace) -> list[PreviewRecord]:
+    from qwen3_titan_common.data import ChatTemplateTokenizer
+    from qwen3_titan_common.data.chat import ChatTokenizer
+    from qwen3_titan_common.data.loader import open_dataset
+    from qwen3_titan_common.data.tokens import DocumentTokenizer
+
+    opened = open_dataset(dataloader_config(args))
     tokens = DocumentTokenizer(ChatTemplateTokenizer.Config().build(tokenizer_path=str(args.tokenizer)))
     chat = ChatTokenizer(tokens, args.earlier_reasoning) if opened.record_format == "chat" else None
     records = opened.source.read(list(range(min(args.records, len(opened.source)))))

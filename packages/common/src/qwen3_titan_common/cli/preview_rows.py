@@ -16,7 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_titan_common.cli.preview_data import CONTEXT_COLOR, RESET, PreviewRow, highlighted
+from qwen3_titan_common.cli.preview_data import (
+    CONTEXT_COLOR,
+    RESET,
+    PreviewRow,
+    dataloader_config,
+    highlighted,
+)
 
 # Where a document starts in a row. Not dim: the context text around it already is.
 BOUNDARY_COLOR = "\x1b[1;36m"  # bold cyan
@@ -65,18 +71,11 @@ class RowsPreview:
 
 def preview_rows(args: argparse.Namespace, tokenizer) -> RowsPreview:
     """The first ``args.rows`` rows of the real training dataloader, in file order."""
-    from qwen3_titan_common.data import BadRecordError, TextChatDataLoader
+    from qwen3_titan_common.data import BadRecordError
     from qwen3_titan_common.runtime.quiet import quiet_torchdata_set_vital
 
-    config = TextChatDataLoader.Config(
-        dataset=args.dataset,
-        format=args.format,
-        text_field=args.text_field,
-        messages_field=args.messages_field,
-        tools_field=args.tools_field,
-        split=args.split,
-        earlier_reasoning=args.earlier_reasoning,
-        allow_network=args.allow_network,
+    config = dataloader_config(
+        args,
         on_bad_record=args.on_bad_record,
         packing=args.packing,
         # The first rows in file order, and no second epoch: what is shown is what the data gives.

@@ -70,7 +70,9 @@ def start_run(
         checked = check_before_launch(backend, plan)
         raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher checked
         # The launchers of one multi-node job share the folder; any other run is refused.
-        lock = DumpFolderLock(checked.dump_folder, job_identity(plan.nnodes, plan.rdzv_endpoint, plan.rdzv_id))
+        lock = DumpFolderLock(
+            checked.dump_folder, job_identity(plan.nnodes, plan.rdzv_endpoint, plan.rdzv_id)
+        )
         lock.acquire()
     except BaseException:  # an input error, or Ctrl-C while checking: the ranks have written nothing
         if run is not None:

@@ -113,16 +113,31 @@ def document_starts(positions: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.asarray(positions) == 0)
 
 
-class TextStreamPacker:
-    """Text documents as one stream cut into full rows; what is not yet in a row is the state."""
+class Packer:
+    """Documents waiting for a row: what a checkpoint saves of a packer (its ``kind`` says which)."""
+
+    kind = ""
 
     def __init__(self, seq_len: int, pad_id: int):
         self.seq_len = seq_len
         self.pad_id = pad_id
-        self.pending: list[Document] = []  # the first may be the rest of a document cut by the last row
+        self.pending: list[Document] = []
 
     def add(self, document: Document) -> None:
         self.pending.append(document)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "pending": [d.to_state() for d in self.pending]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pending = [Document.from_state(d) for d in state["pending"]]
+
+
+class TextStreamPacker(Packer):
+    """Text documents as one stream cut into full rows; the first document waiting may be the rest of one
+    that the last row cut."""
+
+    kind = "text"
 
     def rows(self, final: bool = False):
         """Yields every full row; with ``final`` (the end of a finite run) also what is left, padded."""
@@ -139,14 +154,8 @@ class TextStreamPacker:
                     room = 0
             yield build_row(parts, self.seq_len, self.pad_id)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "text", "pending": [d.to_state() for d in self.pending]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = [Document.from_state(d) for d in state["pending"]]
-
-
-class ChatPacker:
+class ChatPacker(Packer):
     """Whole conversations, several to a row: the oldest waiting one first, then best fit.
 
     A row is built once ``CHAT_WINDOW_ROWS`` rows' worth of tokens wait (or at the end of a finite
@@ -155,14 +164,11 @@ class ChatPacker:
     only on the order conversations arrive in, so it is the same in every run with the same seed.
     """
 
-    def __init__(self, seq_len: int, pad_id: int, window_rows: int = CHAT_WINDOW_ROWS):
-        self.seq_len = seq_len
-        self.pad_id = pad_id
-        self.window = window_rows * seq_len
-        self.pending: list[Document] = []
+    kind = "chat"
 
-    def add(self, document: Document) -> None:
-        self.pending.append(document)
+    def __init__(self, seq_len: int, pad_id: int, window_rows: int = CHAT_WINDOW_ROWS):
+        super().__init__(seq_len, pad_id)
+        self.window = window_rows * seq_len
 
     def rows(self, final: bool = False):
         while self.pending and (final or sum(len(d) for d in self.pending) >= self.window):
@@ -177,24 +183,12 @@ class ChatPacker:
                 room -= len(parts[-1])
             yield build_row(parts, self.seq_len, self.pad_id)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "chat", "pending": [d.to_state() for d in self.pending]}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = [Document.from_state(d) for d in state["pending"]]
-
-
-class OneDocumentPerRow:
+class OneDocumentPerRow(Packer):
     """``--dataloader.no-packing``: each row holds (part of) one document; a text longer than a row
     continues in rows of its own."""
 
-    def __init__(self, seq_len: int, pad_id: int):
-        self.seq_len = seq_len
-        self.pad_id = pad_id
-        self.pending: list[Document] = []
-
-    def add(self, document: Document) -> None:
-        self.pending.append(document)
+    kind = "single"
 
     def rows(self, final: bool = False):
         while self.pending:
@@ -203,15 +197,6 @@ class OneDocumentPerRow:
                 self.pending.insert(0, Document(head.inputs[self.seq_len :], head.labels[self.seq_len :]))
                 head = Document(head.inputs[: self.seq_len], head.labels[: self.seq_len])
             yield build_row([head], self.seq_len, self.pad_id)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": "single", "pending": [d.to_state() for d in self.pending]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = [Document.from_state(d) for d in state["pending"]]
-
-
-Packer = TextStreamPacker | ChatPacker | OneDocumentPerRow
 
 
 def make_packer(record_format: str, packing: bool, seq_len: int, pad_id: int) -> Packer:
