@@ -66,7 +66,8 @@ def test_train_20_steps_from_checkpoint_then_transformers_loads_the_export(tmp_p
 
 
 def _first_batch_loss(export: Path, tmp_path: Path) -> float:
-    """transformers' loss on the first batch the debug config's dataloader produces."""
+    """transformers' loss on the first batch the debug config's dataloader produces, each document scored alone
+    as training scores it (per-document positions, no attention mask, no cache: transformers' packed rows)."""
     from qwen3_titan_native.config_registry import debug
 
     config = debug()
@@ -78,7 +79,7 @@ def _first_batch_loss(export: Path, tmp_path: Path) -> float:
     inputs, labels = next(iter(loader))
     model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(inputs["input"]).logits
+        logits = model(inputs["input"], position_ids=inputs["positions"], use_cache=False).logits
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100).item()
 
 
