@@ -242,6 +242,17 @@ def test_json_rows_are_the_dataloaders_rows(qwen3, chats, texts, capsys, kind, p
         assert sum(documents_per_row) == len(CHATS)
 
 
+def test_a_text_records_mask_is_what_its_row_trains(texts, capsys):
+    # A text's first token starts its document, so nothing predicts it; every later token is a label.
+    assert main([str(texts), "-n", "1", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["rows"]
+    inputs, labels, _ = loader_rows(texts, default_tokenizer_dir(), 256, packing=False)[0]
+    n = len(row["ids"])
+    assert inputs[:n] == row["ids"]
+    assert row["mask"] == [0] + [int(label != IGNORE_INDEX) for label in labels[: n - 1]]
+    assert row["mask"][0] == 0 and all(row["mask"][1:])
+
+
 def test_terminal_rows_show_each_conversation_between_markers_and_the_padding(qwen3, chats, capsys):
     from transformers import AutoTokenizer
 

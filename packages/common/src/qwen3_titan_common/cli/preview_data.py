@@ -69,7 +69,8 @@ def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
             text = text_of(record.value, args.text_field)
             ids, offsets = tokens.with_offsets(text)
             # Text: every token but the first is a label (the first starts the document: no token before it).
-            return PreviewRecord(record.location, "text", [_row(ids, [1] * len(ids), text, offsets, args)])
+            mask = [0] + [1] * (len(ids) - 1)
+            return PreviewRecord(record.location, "text", [_row(ids, mask, text, offsets, args)])
         rows = []
         for chat_tokens in chat.tokenize(
             conversation_of(record.value, args.messages_field, args.tools_field)
