@@ -52,7 +52,9 @@ def packed_batch(dataset: Path, tokenizer_dir: Path, *, seq_len: int, rows: int)
 
 
 def segments(positions_L: torch.Tensor) -> list[tuple[int, int]]:
-    starts = (positions_L == 0).nonzero().flatten().tolist() + [len(positions_L)]
+    from qwen3_titan_common.data.packing import document_starts
+
+    starts = document_starts(positions_L.numpy()).tolist() + [len(positions_L)]
     return list(zip(starts, starts[1:], strict=False))
 
 
