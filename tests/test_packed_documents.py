@@ -9,6 +9,7 @@ import pytest
 import torch
 from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.assets import default_tokenizer_dir
+from qwen3_titan_common.cli.eval import eval_model_builder
 from qwen3_titan_testing.checkpoints import tiny_qwen3_config
 from qwen3_titan_testing.packed import (
     chat_records,
@@ -23,17 +24,8 @@ QWEN3_VOCAB = 151_936  # the published models' embedding rows (the tokenizer has
 
 
 def _builder(backend: str):
-    if backend == "native":
-        from qwen3_titan_common.hf.eval_models import native_qwen3
-
-        return native_qwen3
-    if backend == "hf-v5":
-        from qwen3_titan_hf_v5.eval_model import hf_v5_model
-
-        return hf_v5_model
-    from qwen3_titan_nki_moe.eval_model import nki_moe_model
-
-    return nki_moe_model
+    """The model ``eval --backend`` builds (torchtitan's Qwen3 for native): the one each trainer trains."""
+    return eval_model_builder(None if backend == "native" else f"{backend}-backend")[0]
 
 
 @pytest.fixture(scope="module")

@@ -199,6 +199,54 @@ def test_expert_parallel_and_experts(fails, tmp_path):
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def pristine_moe(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("pristine-moe") / "moe", moe=True)
+
+
+def test_router_balance_loss_on_a_dense_model(fails):
+    fails(["--moe.router_aux_loss", "on"], "--moe.router_aux_loss on", "dense")
+
+
+@pytest.mark.parametrize("coef", ["-0.01", "nan", "0"])
+def test_router_balance_coefficient_out_of_range(fails, tmp_path, pristine_moe, coef):
+    moe = Path(shutil.copytree(pristine_moe, tmp_path / "moe"))
+    fails(
+        ["--hf-model", str(moe), "--moe.router_aux_loss", "on", "--moe.router_aux_loss_coef", coef],
+        f"--moe.router_aux_loss_coef {float(coef)}", "expected a positive number",
+    )  # fmt: skip
+
+
+def test_router_balance_flag_without_the_loss(fails, tmp_path, pristine_moe):
+    moe = Path(shutil.copytree(pristine_moe, tmp_path / "moe"))
+    fails(
+        ["--hf-model", str(moe), "--moe.router_aux_loss_scope", "global_batch"],
+        "--moe.router_aux_loss_scope global_batch", "balance loss is off", "--moe.router_aux_loss on",
+    )  # fmt: skip
+
+
+def test_router_balance_coefficient_in_config_json(fails, tmp_path, pristine_moe):
+    moe = Path(shutil.copytree(pristine_moe, tmp_path / "moe"))
+    config = json.loads((moe / "config.json").read_text())
+    (moe / "config.json").write_text(
+        json.dumps({**config, "output_router_logits": True, "router_aux_loss_coef": -1.0})
+    )
+    fails(
+        ["--hf-model", str(moe)],
+        f"{moe}/config.json: router_aux_loss_coef -1.0",
+        "expected a positive number",
+    )
+
+
+def test_router_balance_loss_with_tensor_parallelism(fails, tmp_path, pristine_moe):
+    moe = Path(shutil.copytree(pristine_moe, tmp_path / "moe"))
+    fails(
+        ["--hf-model", str(moe), "--moe.router_aux_loss", "on", "--nproc", "2",
+         "--parallelism.tensor_parallel_degree", "2", "--training.disable_cuda_graphs"],
+        "--parallelism.tensor_parallel_degree 2", "router balance loss",
+    )  # fmt: skip
+
+
 def test_torchtitan_validation_after_the_model_dir_is_read(fails, tmp_path):
     # torchtitan refuses EP > 1 with CUDA graphs on (whatever the device) once the MoE model is in the config.
     moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)

@@ -21,9 +21,17 @@ from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
 
 
 def hf_v5_model(
-    arch: Qwen3Architecture, weights: HFModelDir | None, *, dtype: torch.dtype, seq_len: int, seed: int = 0
+    arch: Qwen3Architecture,
+    weights: HFModelDir | None,
+    *,
+    dtype: torch.dtype,
+    seq_len: int,
+    seed: int = 0,
+    routing_recorded: bool = False,
 ) -> nn.Module:
     config = hf_v5_model_spec(arch, "eval").model
+    if routing_recorded:
+        config = config.with_routing_recorded()
     if weights is None:
         return randomly_initialised(config.build, seed=seed, dtype=dtype)
     with torch.device("meta"):

@@ -25,6 +25,8 @@ from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
 from qwen3_titan_common.models.init import INIT_STD, residual_init_std
 from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
+from qwen3_titan_common.models.routing import RoutingRecord
+from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
 from torchtitan.protocols.model import BaseModel
 from torchtitan.tools import utils as titan_utils
@@ -53,6 +55,13 @@ class HFCausalLM(BaseModel):
 
         lora: LoRAConverter.Config | None = None
         """peft LoRA adapters on the transformers model (set from --lora.* by common's LoRA converter)."""
+
+        record_routing: bool = False
+        """Keep each training forward's router logits for the balance loss (set by --moe.router_aux_loss)."""
+
+        def with_routing_recorded(self) -> HFCausalLM.Config:
+            """This config with the routing of each training forward kept (``models.routing``)."""
+            return dataclasses.replace(self, record_routing=True)
 
         def with_adapters(self, lora: LoRAConverter.Config) -> HFCausalLM.Config:
             """This config with LoRA: peft's own layers (``lora.py``), not torchtitan's config conversion."""
@@ -135,6 +144,15 @@ class HFCausalLM(BaseModel):
         self.enable_weight_tying = config.tie_word_embeddings
         self._residual_std = residual_init_std(hf_config.num_hidden_layers)
         self._is_moe = config.num_experts > 0
+        self._record_routing = config.record_routing and self._is_moe
+        self._recorded: list[RoutingRecord] = []
+        if self._is_moe:
+            # Tokens per expert per layer, for the step line; not state (neither checkpointed nor exported).
+            self.register_buffer(
+                "tokens_per_expert_LE",
+                torch.zeros(hf_config.num_hidden_layers, config.num_experts, dtype=torch.float32),
+                persistent=False,
+            )
         tied = self.lm_head.weight is self.model.embed_tokens.weight
         if tied != self.enable_weight_tying:
             raise RuntimeError(
@@ -151,10 +169,44 @@ class HFCausalLM(BaseModel):
         # tokens (B, L) -> logits (B, L, vocab). Positions restart at 0 where each packed document starts:
         # they set RoPE, and transformers' mask functions keep each document's attention to itself
         # (attention.py); that needs attention_mask None and no cache.
-        hidden_BLD = self.model(input_ids=tokens, position_ids=positions, use_cache=False).last_hidden_state
+        routed = self._is_moe and self.training
+        outputs = self.model(
+            input_ids=tokens, position_ids=positions, use_cache=False, output_router_logits=routed or None
+        )
+        if routed:
+            self._keep_routing(outputs.router_logits)
+        hidden_BLD = outputs.last_hidden_state
         if lm_head_applied_by_loss(self):
             return hidden_BLD
         return self.lm_head(hidden_BLD)
+
+    def _keep_routing(self, router_logits: tuple[torch.Tensor, ...]) -> None:
+        top_k = self.hf_config.num_experts_per_tok
+        with torch.no_grad():
+            for layer, logits_TE in enumerate(router_logits):
+                chosen_TK = torch.topk(logits_TE, top_k, dim=-1).indices
+                ones = torch.ones(chosen_TK.numel(), dtype=torch.float32, device=chosen_TK.device)
+                self.tokens_per_expert_LE[layer].scatter_add_(0, chosen_TK.reshape(-1), ones)
+        if self._record_routing:
+            # As transformers' load_balancing_loss_func reads them: softmax in the logits' dtype, then top-k.
+            records = []
+            for logits_TE in router_logits:
+                probs_TE = torch.softmax(logits_TE, dim=-1)
+                records.append(RoutingRecord(probs_TE, torch.topk(probs_TE, top_k, dim=-1).indices))
+            self._recorded = records
+
+    def take_routing(self) -> list[RoutingRecord]:
+        """Every layer's routing of the last training forward (``models.routing``), handed out once."""
+        records, self._recorded = self._recorded, []
+        return records
+
+    def take_expert_counts(self) -> ExpertCounts | None:
+        """Per layer, the tokens each expert took since the last call, then zeroed; None for a dense model."""
+        if not self._is_moe:
+            return None
+        counts = {str(layer): row.clone() for layer, row in enumerate(self.tokens_per_expert_LE)}
+        self.tokens_per_expert_LE.zero_()
+        return ExpertCounts(self.hf_config.num_experts_per_tok, counts)
 
     def verify_module_protocol(self) -> None:
         # The transformers submodules are plain nn.Modules by design: this backend trains them
@@ -175,6 +227,8 @@ class HFCausalLM(BaseModel):
             for name, param in self.named_parameters():  # a tied weight is initialised once
                 self._init_parameter(name, param)
             self._init_rope_buffers(buffer_device)
+            if self._is_moe:
+                self.tokens_per_expert_LE = torch.zeros_like(self.tokens_per_expert_LE, device=buffer_device)
 
     def _init_parameter(self, name: str, param: torch.Tensor) -> None:
         name = base_weight_name(without_checkpoint_wrapper(name))

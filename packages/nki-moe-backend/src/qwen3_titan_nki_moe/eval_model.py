@@ -19,12 +19,20 @@ from qwen3_titan_nki_moe.trainer import prepare_kernels
 
 
 def nki_moe_model(
-    arch: Qwen3Architecture, weights: HFModelDir | None, *, dtype: torch.dtype, seq_len: int, seed: int = 0
+    arch: Qwen3Architecture,
+    weights: HFModelDir | None,
+    *,
+    dtype: torch.dtype,
+    seq_len: int,
+    seed: int = 0,
+    routing_recorded: bool = False,
 ) -> nn.Module:
     # The backend's own config (fresh, ours to fill in), with this architecture and sequence length: what
     # its trainer would build. Not dataclasses.replace: that re-runs torchtitan's checks, which print.
     config = debug_moe()
     config.model_spec = titan_qwen3_model_spec(arch, "eval")
+    if routing_recorded:
+        config.model_spec.model = config.model_spec.model.with_routing_recorded()
     config.training.seq_len = seq_len
     cover_tokens(config.model_spec.model, seq_len)
     prepare_kernels(config)

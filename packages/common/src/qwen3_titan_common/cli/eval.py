@@ -124,7 +124,7 @@ def _positive(value: int | None, flag: str) -> None:
         raise EvalError(f"{flag} {value}: expected a positive integer")
 
 
-def _builder(name: str | None):
+def eval_model_builder(name: str | None):
     """The model builder: torchtitan's native Qwen3, or the one ``--backend`` names."""
     if name is None:
         from qwen3_titan_common.hf.eval_models import native_qwen3
@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> dict:
     for value, flag in ((args.seq_len, "--seq-len"), (args.batch_size, "--batch-size"), (args.max_batches, "--max-batches")):  # fmt: skip
         _positive(value, flag)
     model_dir = _open(args.model_dir)
-    build, model_name = _builder(args.backend)
+    build, model_name = eval_model_builder(args.backend)
     tokenizer, tokenizer_source = _tokenizer(model_dir)
     data = _data_config(args)
     device_info = detect_device()

@@ -29,6 +29,7 @@ class EvalModelBuilder(Protocol):
         dtype: torch.dtype,
         seq_len: int,
         seed: int,
+        routing_recorded: bool = False,
     ) -> nn.Module: ...
 
 
@@ -45,13 +46,21 @@ def randomly_initialised(build: Callable[[], nn.Module], *, seed: int, dtype: to
 
 
 def native_qwen3(
-    arch: Qwen3Architecture, weights: HFModelDir | None, *, dtype: torch.dtype, seq_len: int, seed: int = 0
+    arch: Qwen3Architecture,
+    weights: HFModelDir | None,
+    *,
+    dtype: torch.dtype,
+    seq_len: int,
+    seed: int = 0,
+    routing_recorded: bool = False,
 ) -> nn.Module:
-    """torchtitan's Qwen3 (dense or MoE) shaped by ``arch``, as ``models.qwen3`` configures it for training."""
+    """torchtitan's Qwen3 (dense or MoE) shaped by ``arch``, as ``models.qwen3`` configures it for training
+    (``routing_recorded``: as a run with the router balance loss does)."""
     from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 
     spec = titan_qwen3_model_spec(arch, "eval")
-    model_config = cover_tokens(spec.model, seq_len)
+    model_config = spec.model.with_routing_recorded() if routing_recorded else spec.model
+    model_config = cover_tokens(model_config, seq_len)
     if weights is None:
         return randomly_initialised(model_config.build, seed=seed, dtype=dtype)
     return load_titan_model(model_config, spec.state_dict_adapter, weights, dtype)

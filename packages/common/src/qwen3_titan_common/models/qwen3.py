@@ -9,6 +9,7 @@ document mask elsewhere (Flex has no CPU backward, and SDPA is what Neuron runs)
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +43,9 @@ from qwen3_titan_common.models.attention import (
 )
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
 from qwen3_titan_common.models.init import INIT_STD, residual_init_std
+from qwen3_titan_common.models.routing import record_routing, recording_router_config
 from qwen3_titan_common.models.state_dict_adapter import Qwen3TitanStateDictAdapter
+from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
 from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
 
@@ -103,13 +106,15 @@ def _moe(arch: Qwen3Architecture):
     )
     return make_moe_config(
         num_experts=moe.num_experts,
-        router=make_router_config(
-            dim=arch.hidden_size,
-            num_experts=moe.num_experts,
-            gate_param_init=_linear_init(),
-            top_k=moe.num_experts_per_tok,
-            score_func="softmax",
-            route_norm=moe.norm_topk_prob,
+        router=recording_router_config(
+            make_router_config(
+                dim=arch.hidden_size,
+                num_experts=moe.num_experts,
+                gate_param_init=_linear_init(),
+                top_k=moe.num_experts_per_tok,
+                score_func="softmax",
+                route_norm=moe.norm_topk_prob,
+            )
         ),
         routed_experts=routed_experts,
         # No routing bias (torchtitan's auxiliary-loss-free balancing): Hugging Face's Qwen3-MoE has
@@ -164,11 +169,31 @@ class Qwen3TitanModel(Qwen3Model):
             if self.flops is not None:
                 self.flops = self.flops.with_metrics_config(config.metrics)
 
+        def with_routing_recorded(self) -> Qwen3TitanModel.Config:
+            """A copy whose routers keep each training forward's routing (for the balance loss)."""
+            config = copy.deepcopy(self)
+            record_routing(config)
+            return config
+
         def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
             nparams, titan_flops = Qwen3Model.Config.get_nparams_and_flops(self, model, seq_len)
             if self.flops is None:
                 return nparams, titan_flops
             return nparams, self.flops.per_token(seq_len)
+
+    def take_expert_counts(self) -> ExpertCounts | None:
+        """Per MoE layer, the tokens each expert took since the last call (torchtitan's own counter, which
+        the auxiliary-loss-free bias would consume; it is off here), then zeroed; None for a dense model."""
+        counts, top_k = {}, 0
+        for layer_id, block in self.layers.items():
+            if not getattr(block, "moe_enabled", False):
+                continue
+            counter = block.moe.tokens_per_expert_E
+            local = counter.to_local() if hasattr(counter, "to_local") else counter
+            counts[layer_id] = local.detach().clone()
+            local.zero_()
+            top_k = block.moe.router.top_k
+        return ExpertCounts(top_k, counts) if counts else None
 
     def get_attention_masks(self, positions: torch.Tensor):
         attention = self.config.first_attention

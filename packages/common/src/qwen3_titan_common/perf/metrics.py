@@ -1,6 +1,7 @@
 """torchtitan's MetricsProcessor with the project's step line and Trainium's peak.
 
     step: 12/30  loss: 6.01553  grad_norm: 0.97  tps: 4,873  trained: 76%  tflops: 0.14  mfu: n/a  memory: 1.26GiB (host RSS)  eta: 4s
+    step: 12/30  loss: 6.01553  balance: 0.00203  grad_norm: 0.97  tps: 4,873  trained: 76%  experts: 31% max, 0 idle  ...
 
 torchtitan's ``log`` still computes and sends every key it knows (``memory/max_reserved(GiB)``,
 ``memory/num_alloc_retries``, ``time_metrics/data_loading(%)``, ...) to TensorBoard and W&B; this
@@ -13,6 +14,13 @@ on the CPU and, as in torchtitan, when the run is quantized), peak memory with i
 allocator reserved, Neuron device memory, or host RSS on CPU), time left at the pace of the steps after the
 first (``perf.run_progress``, which also keeps the figures of the end-of-run summary). TensorBoard is on by
 default (``<dump_folder>/tb``).
+
+An MoE run adds the experts' load since the last line: the largest share of a layer's tokens that one
+expert took (balanced: top_k / num_experts) and the experts that took none, summed over layers; per
+layer in TensorBoard (``moe/layer_N/busiest_share``, ``moe/layer_N/idle_experts``), counted over every
+routed token (padding included: the experts computed it) on all data-parallel ranks. One warning line
+names a layer the first time its routing collapses (:func:`collapsed`). With the router balance loss the
+loss is still the language-model loss; ``balance:`` is the term added to it (``train.router_balance``).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.perf.expert_load import all_ranks_counts, collapsed, expert_load
 from qwen3_titan_common.perf.peaks import peak_flops
 from qwen3_titan_common.perf.progress import format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
@@ -72,6 +81,9 @@ class Qwen3Metrics(MetricsProcessor):
         self.memory_source = MEMORY_SOURCES.get(self.device_kind, f"{self.device_kind} allocator")
         # This rank's tokens with a label since the last log, beside torchtitan's ntokens_since_last_log.
         self.trained_tokens_since_last_log = 0
+        # Set by the trainer when the run has the router balance loss (train.router_balance).
+        self.router_balance = None
+        self._collapsed_layers: set[str] = set()
         logger.info(
             f"[metrics] MFU peak: {self.peak_source}"
             + (f" = {peak / 1e12:.1f} TFLOP/s per rank" if peak else "")
@@ -111,6 +123,13 @@ class Qwen3Metrics(MetricsProcessor):
             "throughput/trained_share": trained_share,
             **(extra_metrics or {}),
         }
+        balance = self.router_balance.step_term() if self.router_balance is not None else None
+        balance_text = ""
+        if balance is not None:
+            ours["loss_metrics/router_balance_term"] = balance
+            ours["loss_metrics/router_aux_loss"] = balance / self.router_balance.coefficient
+            balance_text = f"balance: {balance:.5f}  "
+        experts_text = self._expert_load_text(ours)
         # torchtitan's ``log`` prints its own line at INFO; ours replaces it, its metrics stay.
         with titan_log_level_at_least(logging.WARNING):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
@@ -120,12 +139,37 @@ class Qwen3Metrics(MetricsProcessor):
         total = self.progress.total_steps
         step_text = f"{step:{len(str(total))}}/{total}" if total else f"{step:2}"
         logger.info(
-            f"{color.red}step: {step_text}  {color.green}loss: {global_avg_loss:8.5f}  "
+            f"{color.red}step: {step_text}  {color.green}loss: {global_avg_loss:8.5f}  {balance_text}"
             f"{color.orange}grad_norm: {grad_norm:7.4f}  {color.blue}tps: {round(tps):,}  "
-            f"trained: {100 * trained_share:.0f}%  {color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
+            f"trained: {100 * trained_share:.0f}%  {experts_text}{color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
             f"{color.turquoise}memory: {memory_text} ({self.memory_source})  "
             f"{color.white}eta: {format_duration(eta) if eta is not None else '--'}{color.reset}"
         )
+
+    def _expert_load_text(self, metrics: dict[str, Any]) -> str:
+        """The step line's ``experts:`` figure (empty for a dense model); TensorBoard keys into ``metrics``."""
+        counts = all_ranks_counts(self.model_parts, self.parallel_dims)
+        if counts is None:
+            return ""
+        num_experts = next(iter(counts.by_layer.values())).numel()
+        loads = expert_load(counts.by_layer, counts.top_k)
+        for load in loads:
+            metrics[f"moe/layer_{load.layer}/busiest_share"] = load.busiest_share
+            metrics[f"moe/layer_{load.layer}/idle_experts"] = load.idle_experts
+        fresh = [x for x in loads if collapsed(x, num_experts) and x.layer not in self._collapsed_layers]
+        if fresh:
+            self._collapsed_layers.update(x.layer for x in fresh)
+            what = "; ".join(
+                f"layer {x.layer}: {100 * x.busiest_share:.0f}% of its tokens to one expert "
+                f"(balanced: {100 * x.balanced_share:.0f}%), {x.idle_experts} of {num_experts} experts idle"
+                for x in fresh
+            )
+            logger.warning(
+                f"[moe] routing collapsed in {what}; --moe.router_aux_loss on adds the balance loss (docs/moe.md)"
+            )
+        busiest = max(x.busiest_share for x in loads)
+        idle = sum(x.idle_experts for x in loads)
+        return f"experts: {100 * busiest:.0f}% max, {idle} idle  "
 
     def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None):
         """torchtitan's validation metrics (``validation_metrics/loss``, ...) plus perplexity, and our line::

@@ -10,7 +10,8 @@
                                 float32, bfloat16 or float16
     --hf.max_shard_size S       e.g. 5GB (default), 500MB
 
-and a ``lora`` section (``--lora.rank R`` ...: LoRA fine-tuning with peft adapters, ``train.lora``).
+a ``lora`` section (``--lora.rank R`` ...: LoRA fine-tuning with peft adapters, ``train.lora``) and a
+``moe`` section (``--moe.router_aux_loss on`` ...: Qwen3-MoE's router balance loss, ``train.router_balance``).
 
 Every backend's config functions return this Config (or a backend's subclass), so the flags are the
 same for all of them; a backend supplies ``model_spec_builder`` to rebuild its model from a
@@ -45,6 +46,7 @@ from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.model_record import check_model_record, model_record
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
 from qwen3_titan_common.train.rank_errors import rank_errors
+from qwen3_titan_common.train.router_balance import LMLossWithRouterBalance, MoEOptions, with_router_balance
 from qwen3_titan_common.train.run_card import run_card
 from qwen3_titan_common.train.summary import report, summary_of
 
@@ -81,6 +83,7 @@ class Qwen3Trainer(Trainer):
     class Config(Trainer.Config):
         hf: HFCheckpointConfig = field(default_factory=HFCheckpointConfig)
         lora: LoRAOptions = field(default_factory=LoRAOptions)
+        moe: MoEOptions = field(default_factory=MoEOptions)
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
@@ -101,6 +104,16 @@ class Qwen3Trainer(Trainer):
             self._dump_lock = hold_in_rank(config.dump_folder)
             config = self.capturable(config)
             super().__init__(config)
+        if isinstance(self.loss_fn, LMLossWithRouterBalance):
+            # As torchtitan hands a chunked loss its lm_head: the routers it reads, the ranks it averages over.
+            self.loss_fn.bind(
+                self.model_parts,
+                group=self.parallel_dims.get_optional_mesh("batch").get_group()
+                if self.parallel_dims.dp_enabled
+                else None,
+                microbatches=self.gradient_accumulation_steps,
+            )
+            self.metrics_processor.router_balance = self.loss_fn
         logger.info(describe_trainable(self.model_parts, self.optimizers))
 
     @classmethod
@@ -124,6 +137,8 @@ class Qwen3Trainer(Trainer):
                 config, training=dataclasses.replace(config.training, disable_cuda_graphs=True)
             )
         reason = cls.cuda_graph_blocker(config)
+        if reason is None and isinstance(config.loss, LMLossWithRouterBalance.Config):
+            reason = "the router balance loss reads each forward's routing from the routers (--moe.router_aux_loss)"
         if reason is None:
             return config
         logger.info(f"[cuda graphs] off for this run: {reason}")
@@ -140,6 +155,8 @@ class Qwen3Trainer(Trainer):
             yield input_dict, labels
 
     def train_step(self, data_iterator) -> None:
+        if isinstance(self.loss_fn, LMLossWithRouterBalance):
+            self.loss_fn.start_step()
         super().train_step(data_iterator)
         interval = self.config.hf.export_interval
         if (
@@ -221,6 +238,9 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
     if architecture is not config.architecture:
         changes["architecture"] = architecture
         changes["model_spec"] = config.model_spec_builder(architecture, config.model_spec.flavor)
+        if getattr(config.loss, "global_vocab_size", None) is not None:
+            # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
+            changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
     record = model_record(config.model_spec.name, architecture)
     if start.kind == "resume":
         check_model_record(
@@ -237,4 +257,6 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
     )
     changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
-    return start, with_lora(dataclasses.replace(config, **changes), start)
+    where = f"{model_dir.path}/config.json" if model_dir is not None else "the model's config.json"
+    config = with_router_balance(dataclasses.replace(config, **changes), where)
+    return start, with_lora(config, start)

@@ -1,0 +1,88 @@
+"""The experts' load of an MoE run, from the per-layer token counts its model keeps.
+
+The step line shows two figures per stretch of steps (``perf.metrics``), TensorBoard one pair per layer;
+a model offers its counts with ``take_expert_counts() -> ExpertCounts | None`` (native and nki-moe:
+torchtitan's own ``MoE.tokens_per_expert_E``; hf-v5: counted from transformers' router logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+class ExpertCounts(NamedTuple):
+    """A model's per-layer token counts per expert (each token counted once per expert it was sent to)."""
+
+    top_k: int
+    by_layer: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ExpertLoad:
+    """One layer's routing over a stretch of steps."""
+
+    layer: str
+    busiest_share: float
+    """The share of the layer's routed tokens that its busiest expert took (balanced: top_k / num_experts)."""
+
+    idle_experts: int
+    """Experts that took no token."""
+
+    balanced_share: float
+
+
+def expert_load(counts_by_layer: dict[str, torch.Tensor], top_k: int) -> list[ExpertLoad]:
+    """Per layer, from its per-expert token-assignment counts (each token counts once per chosen expert)."""
+    loads = []
+    for layer, counts_E in counts_by_layer.items():
+        counts_E = counts_E.detach().float().cpu()
+        tokens = float(counts_E.sum()) / top_k
+        busiest = float(counts_E.max()) / tokens if tokens > 0 else 0.0
+        loads.append(
+            ExpertLoad(
+                layer=layer,
+                busiest_share=busiest,
+                idle_experts=int((counts_E == 0).sum()) if tokens > 0 else 0,
+                balanced_share=top_k / counts_E.numel(),
+            )
+        )
+    return loads
+
+
+COLLAPSE_TIMES_BALANCED = 4
+COLLAPSE_SHARE_RANGE = (0.5, 0.9)
+
+
+def collapsed(load: ExpertLoad, num_experts: int) -> bool:
+    """A layer's routing has collapsed when its busiest expert takes 4x its balanced share of the tokens
+    (kept within 50%..90%: at least half the tokens, and reachable when 4x would be all of them), or when
+    at least half its experts take none."""
+    low, high = COLLAPSE_SHARE_RANGE
+    threshold = min(high, max(low, COLLAPSE_TIMES_BALANCED * load.balanced_share))
+    return load.busiest_share >= threshold or load.idle_experts >= num_experts / 2
+
+
+def all_ranks_counts(model_parts, parallel_dims) -> ExpertCounts | None:
+    counts: dict[str, torch.Tensor] = {}
+    top_k = 0
+    for part in model_parts or ():
+        take = getattr(part, "take_expert_counts", None)
+        taken = take() if callable(take) else None
+        if taken is not None:
+            top_k = taken.top_k
+            counts.update(taken.by_layer)
+    if not counts:
+        return None
+    names = list(counts)
+    stacked_LE = torch.stack([counts[n] for n in names])
+    # As torchtitan's own load-balancing hook sums them: over the ranks that see other tokens.
+    if parallel_dims.ep_enabled and parallel_dims.tp > 1:
+        dist.all_reduce(stacked_LE, group=parallel_dims.get_mesh("tp").get_group())
+    loss_mesh = parallel_dims.get_optional_mesh("loss") if parallel_dims.dp_cp_enabled else None
+    if loss_mesh is not None:
+        dist.all_reduce(stacked_LE, group=loss_mesh.get_group())
+    return ExpertCounts(top_k, dict(zip(names, stacked_LE, strict=True)))
