@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.runtime.neuron_sdk import missing_sdk_note
+from qwen3_titan_common.runtime.neuron_sdk import INSTALL, NEURON_SDK, missing_sdk_note
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv")
@@ -74,5 +74,18 @@ def test_a_trainium_host_without_the_sdk_is_told_how_to_get_it_back(tmp_path):
     assert missing_sdk_note(str(tmp_path / "neuron[0-9]*")) is None  # no Neuron devices
     (tmp_path / "neuron0").touch()
     note = missing_sdk_note(str(tmp_path / "neuron[0-9]*"))
-    assert note is not None and "uv pip install --index neuron torch-neuronx==2.14.* neuronx-cc nki" in note
+    assert note is not None and "uv pip install --index neuron torch-neuronx==2.14.3.* neuronx-cc nki" in note
     assert "uv sync --inexact" in note
+
+
+def test_the_locked_torch_is_the_neuron_sdk_s_own():
+    """One table (runtime/neuron_sdk.py) against the lock, the root constraint and the README's install line:
+    installing the SDK must not swap the locked torch, and the next `uv run` must not swap it back."""
+    lock = tomllib.loads((ROOT / "uv.lock").read_text())
+    (torch,) = [p for p in lock["package"] if p["name"] == "torch"]
+    assert torch["version"] == NEURON_SDK.torch
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert f"torch=={NEURON_SDK.torch}" in root["tool"]["uv"]["constraint-dependencies"]
+    assert NEURON_SDK.torch_neuronx.startswith(NEURON_SDK.torch.rpartition(".")[0] + ".")  # 2.14.x for 2.14
+    readme = (ROOT / "README.md").read_text()
+    assert f"`{INSTALL}`" in readme and f"({NEURON_SDK.torch}, " in readme

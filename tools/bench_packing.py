@@ -4,7 +4,7 @@
     uv run python -m tools.bench_packing [--quick]   # without TRL (not in the lock): its row says how to add it
 
 `--with` overlays TRL (and its own few dependencies) on the locked environment for that one command: torch
-2.14.1, transformers 5.24.0, accelerate 1.15.0 and datasets 4.7.0 stay the locked ones (TRL's run prints
+2.14.0, transformers 5.24.0, accelerate 1.15.0 and datasets 4.7.0 stay the locked ones (TRL's run prints
 them); nothing is added to the lock. ~9 minutes on 2 cores (`--quick`: ~4, ~3 without TRL).
 
 The data: 400 synthetic chats (a system prompt, 1-3 user/assistant exchanges of words from a fixed list,

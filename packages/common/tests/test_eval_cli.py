@@ -101,6 +101,18 @@ def test_table_output(capsys, dense):
     assert out[4].startswith(f"| {dense} | ") and out[5].startswith("| random init (seed 0) | ")
 
 
+def _hub_adapter(path, base_dir):
+    """A well-formed peft adapter of ``base_dir``'s architecture that names a hub model as its base."""
+    from qwen3_titan_common.arch.architecture import read_architecture
+    from qwen3_titan_common.hf.adapter import AdapterSpec, expected_adapter_shapes, write_adapter_dir
+    from qwen3_titan_common.models.lora import LoRAParams
+
+    targets = ("q_proj", "v_proj")
+    shapes = expected_adapter_shapes(read_architecture(base_dir), targets, 2)
+    spec = AdapterSpec(path, LoRAParams(rank=2, alpha=4.0, dropout=0.0), targets, "Qwen/Qwen3-0.6B", step=1)
+    return write_adapter_dir(spec, {key: torch.zeros(shape) for key, shape in shapes.items()})
+
+
 def _listing(*roots):
     return {str(p): p.stat().st_mtime_ns for root in roots for p in root.rglob("*")}
 
@@ -120,8 +132,16 @@ def _listing(*roots):
             ["{dense}", "--dataset", "{bad_record}"],
             "bad.jsonl:2: field 'text' is a number (expected a string)",
         ),
+        (
+            ["{hub_adapter}"],
+            "base_model_name_or_path 'Qwen/Qwen3-0.6B': not a local directory; pass --base DIR",
+        ),
+        (["{dense}", "--base", "{dense}"], "is a model directory, not a peft adapter; drop --base"),
     ],
-    ids=["missing-dir", "no-config", "missing-dataset", "unknown-backend", "zero-seq-len", "bad-record"],
+    ids=[
+        "missing-dir", "no-config", "missing-dataset", "unknown-backend", "zero-seq-len", "bad-record",
+        "adapter-base-not-local", "base-without-adapter",
+    ],  # fmt: skip
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, dense, argv, fragment):
     monkeypatch.chdir(tmp_path)
@@ -133,6 +153,7 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch,
         "empty": tmp_path / "empty",
         "dense": dense,
         "bad_record": bad_record,
+        "hub_adapter": _hub_adapter(tmp_path / "adapter", dense),
     }
     before = _listing(tmp_path, dense)
     assert main([a.format(**names) for a in argv]) == 2

@@ -35,6 +35,29 @@ def _train(args, cwd):
     return proc.stdout + proc.stderr
 
 
+def _run_printed(log: str, cwd: Path) -> dict[str, str]:
+    """Run the summary's verify and load commands as printed (relative to the run's directory); their output."""
+    import shlex
+
+    outputs = {}
+    for name in ("verify", "load"):
+        (line,) = [x for x in log.splitlines() if x.startswith(f"[train] {name}:")]
+        command = shlex.split(line.split(":", 1)[1])
+        if command[0] == "verify-checkpoint":
+            command[0] = str(Path(sys.executable).with_name("verify-checkpoint"))
+        proc = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+        outputs[name] = proc.stdout
+    return outputs
+
+
+def _eval(*args: str, cwd: Path) -> dict:
+    command = [str(Path(sys.executable).with_name("eval")), *args, "--json", "--max-batches", "2"]
+    proc = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
 def _tokens(vocab=4096):
     return torch.randint(0, vocab, (2, 40), generator=torch.Generator().manual_seed(0))
 
@@ -165,6 +188,9 @@ def test_lora_on_the_embedded_default_lowers_the_loss_and_exports_its_base(tmp_p
     base = tmp_path / "out" / "hf" / "base"
     adapter = tmp_path / "out" / "hf" / "adapter-step-30"
     assert not (tmp_path / "out" / "hf" / "step-30").exists()  # no --lora.merge: no full export
+    assert "Exported the frozen base model (training leaves it unchanged)" in log
+    outputs = _run_printed(log, tmp_path)  # the adapter's own commands: verify on its base, load through peft
+    assert outputs["verify"].rstrip().endswith("OK") and "peft LoRA adapter" in outputs["verify"]
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base)
     trained = load_trained_model(
         ["--module", "qwen3_titan_native", "--config", "debug", "--lora.rank", "16"],
@@ -175,6 +201,54 @@ def test_lora_on_the_embedded_default_lowers_the_loss_and_exports_its_base(tmp_p
     )
     with torch.no_grad():
         assert (trained(_tokens()) - model.eval()(_tokens()).logits).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+def test_a_merged_run_summary_names_each_folder_and_its_commands_work(lora_run):
+    source, out, log, _ = lora_run
+    # Paths as the summary shows them: relative to the directory the run was started in.
+    assert f"[train] adapter:    out/hf/adapter-step-{STEPS}   (peft LoRA, on the base {source.name})" in log
+    assert f"[train] export:     out/hf/step-{STEPS}   (base + adapters merged)" in log
+    assert f"Exported the merged model (base + adapters) of step {STEPS}" in log
+    outputs = _run_printed(log, out.parent)
+    assert outputs["verify"].rstrip().endswith("OK")
+    assert "Qwen3ForCausalLM" in outputs["load"]
+
+
+@pytest.mark.slow
+def test_eval_and_verify_take_the_adapter_folder(lora_run):
+    source, out, _, _ = lora_run
+    adapter, merged = out / "hf" / f"adapter-step-{STEPS}", out / "hf" / f"step-{STEPS}"
+    on_base = _eval(str(adapter), cwd=out.parent)["results"][0]
+    as_merged = _eval(str(merged), cwd=out.parent)["results"][0]
+    base = _eval(str(source), cwd=out.parent)["results"][0]
+    # The adapter merged as the export merged it (fp32): the same weights, so the same loss, to rounding.
+    assert abs(on_base["loss"] - as_merged["loss"]) <= 1e-5, (on_base, as_merged)
+    assert abs(on_base["loss"] - base["loss"]) > 1e-4  # the adapter changed the model: the check can fail
+    verify = str(Path(sys.executable).with_name("verify-checkpoint"))
+    proc = subprocess.run([verify, str(adapter)], env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "logits max |peft - torchtitan|" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("OK")
+
+
+@pytest.mark.slow
+def test_verify_names_the_adapter_tensor_that_does_not_fit_the_base(lora_run, tmp_path):
+    import shutil
+
+    from qwen3_titan_testing.edges import check_failure
+    from safetensors.torch import save_file
+
+    source, out, _, _ = lora_run
+    adapter = Path(shutil.copytree(out / "hf" / f"adapter-step-{STEPS}", tmp_path / "adapter"))
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+    tensors[key] = tensors[key][:, :32].contiguous()  # the base's hidden size is 64
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    verify = str(Path(sys.executable).with_name("verify-checkpoint"))
+    proc = subprocess.run([verify, str(adapter)], env=ENV, capture_output=True, text=True, timeout=600)
+    check_failure(
+        proc.returncode, proc.stdout, proc.stderr, 2, key, "expected [4, 64]", prefix="verify-checkpoint:"
+    )
 
 
 @pytest.mark.slow

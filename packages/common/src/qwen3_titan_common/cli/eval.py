@@ -4,13 +4,16 @@
     eval DIR --random-init                                   # and the same architecture at random init
     eval DIR --dataset data/valid.jsonl --seq-len 2048 --json
     eval DIR --backend hf-v5-backend                         # through an installed backend's model
+    eval ADAPTER_DIR [--base DIR]                            # a peft LoRA adapter on its base model
 
 The rows are the ones validation reads while training (``data.validation``): one pass, packed as for a
 single rank, padded to full batches whose padding carries no labels, so the loss does not depend on the
 batch size. With the run's ``--training.seq_len``, its global batch as ``--batch-size`` and its
 ``--validator.steps`` as ``--max-batches``, ``eval`` of an export repeats the run's validation at that step.
 The model is torchtitan's native Qwen3 (MoE included) by default, or ``--backend``'s own, on the device this
-machine has (Neuron, CUDA, else CPU); nothing is written. Bad input: one line, exit 2.
+machine has (Neuron, CUDA, else CPU); nothing is written. A peft adapter directory is scored as the model
+it makes, its base (``base_model_name_or_path``, or ``--base``) with the adapter merged as peft merges it
+(``hf.adapter.open_adapted_model``): the scores of ``--lora.merge``'s export. Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -80,7 +83,15 @@ def evaluate(model: torch.nn.Module, loader, device: torch.device, name: str, ma
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eval", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    p.add_argument("model_dir", help="Hugging Face model directory (config.json + safetensors)")
+    p.add_argument(
+        "model_dir",
+        help="Hugging Face model directory (config.json + safetensors), or a peft adapter directory",
+    )
+    p.add_argument(
+        "--base",
+        default=None,
+        help="an adapter's base model directory (default: its base_model_name_or_path)",
+    )
     p.add_argument(
         "--dataset",
         default="default",
@@ -141,11 +152,17 @@ def eval_model_builder(name: str | None):
     return getattr(importlib.import_module(module), function), name
 
 
-def _open(path: str):
+def _open(path: str, base: str | None = None):
+    from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapted_model
     from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
     from qwen3_titan_common.hf.model_dir import open_model_dir
 
-    model_dir = open_model_dir(path, flag="model directory")
+    if is_adapter_dir(path):
+        model_dir = open_adapted_model(path, base)
+    elif base is not None:
+        raise EvalError(f"--base {base}: {path} is a model directory, not a peft adapter; drop --base")
+    else:
+        model_dir = open_model_dir(path, flag="model directory")
     arch = model_dir.architecture
     found = {key: entry.shape for key, entry in model_dir.tensors.items()}
     check_keys(str(model_dir.path), expected_hf_shapes(arch), found, tied=arch.tie_word_embeddings)
@@ -202,7 +219,10 @@ def run(args: argparse.Namespace) -> dict:
 
     for value, flag in ((args.seq_len, "--seq-len"), (args.batch_size, "--batch-size"), (args.max_batches, "--max-batches")):  # fmt: skip
         _positive(value, flag)
-    model_dir = _open(args.model_dir)
+    model_dir = _open(args.model_dir, args.base)
+    shown = (
+        str(model_dir.path) if model_dir.adapter is None else f"{model_dir.adapter.path} on {model_dir.path}"
+    )
     build, model_name = eval_model_builder(args.backend)
     tokenizer, tokenizer_source = _tokenizer(model_dir)
     data = _data_config(args)
@@ -222,13 +242,13 @@ def run(args: argparse.Namespace) -> dict:
 
     results = []
     model = build(arch, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
-    results.append(evaluate(model, loader(), device, str(model_dir.path), args.max_batches))
+    results.append(evaluate(model, loader(), device, shown, args.max_batches))
     del model
     if args.random_init:
         model = build(arch, None, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
         results.append(evaluate(model, loader(), device, f"random init (seed {args.seed})", args.max_batches))
     return {
-        "model_dir": str(model_dir.path),
+        "model_dir": shown,
         "model": model_name,
         "device": device_info.kind,
         "dtype": args.dtype,

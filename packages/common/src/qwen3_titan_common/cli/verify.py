@@ -7,6 +7,10 @@
    difference and the loss on a fixed text.
 3. ``--against OTHER`` also compares two checkpoints: tensor by tensor and by logits.
 
+A peft LoRA adapter directory is verified on its base (``base_model_name_or_path``, or ``--base``): its
+tensors against the base's architecture (one line naming the first that does not fit), then peft's model
+(``PeftModel.from_pretrained`` on transformers' base) against torchtitan's Qwen3 holding the merged weights.
+
 Exits 1 past ``--tolerance`` or on non-finite logits; 2, with one line naming the file or tensor, on a
 directory that does not load: files, keys or shapes that do not fit its config.json, weights holding
 NaN/Inf, or anything transformers or torchtitan refuse when loading it.
@@ -15,10 +19,10 @@ NaN/Inf, or anything transformers or torchtitan refuse when loading it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -56,10 +60,16 @@ def _loss(logits: torch.Tensor, tokens: torch.Tensor) -> float:
     return torch.nn.functional.cross_entropy(logits[0, :-1].float(), tokens[0, 1:]).item()
 
 
-def _transformers_logits(path: Path, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _transformers_logits(model_dir: HFModelDir, tokens: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """transformers' logits; for an adapter, peft's model on transformers' base, as peft users load it."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir.path), dtype=dtype, trust_remote_code=False)
+    if model_dir.adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(model_dir.adapter.path))
+    model = model.eval()
     with torch.no_grad():
         return model(tokens).logits.float()
 
@@ -71,7 +81,7 @@ def verify(model_dir: HFModelDir, text: str = FIXED_TEXT, dtype: torch.dtype = t
     found = {k: e.shape for k, e in model_dir.tensors.items()}
     problems = key_problems(expected_hf_shapes(arch), found, tied=arch.tie_word_embeddings)
     tokens = _tokens(model_dir, text)
-    hf_logits = _transformers_logits(model_dir.path, tokens, dtype)
+    hf_logits = _transformers_logits(model_dir, tokens, dtype)
     titan = build_titan_qwen3(model_dir, dtype=dtype, seq_len=max(tokens.shape[1], 16))
     with torch.no_grad():
         titan_logits = titan(tokens).float()
@@ -100,17 +110,20 @@ def compare_checkpoints(
         tensor_diff = max(tensor_diff, (sa[key] - sb[key]).abs().max().item())
     tokens = _tokens(a, text)
     logits_diff = (
-        (_transformers_logits(a.path, tokens, dtype) - _transformers_logits(b.path, tokens, dtype))
-        .abs()
-        .max()
-        .item()
+        (_transformers_logits(a, tokens, dtype) - _transformers_logits(b, tokens, dtype)).abs().max().item()
     )
     return tensor_diff, logits_diff, differences
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="verify-checkpoint", description=__doc__.split("\n\n")[0])
-    p.add_argument("model_dir", help="Hugging Face model directory (config.json + safetensors)")
+    p.add_argument(
+        "model_dir",
+        help="Hugging Face model directory (config.json + safetensors), or a peft adapter directory",
+    )
+    p.add_argument(
+        "--base", metavar="DIR", help="an adapter's base model (default: its base_model_name_or_path)"
+    )
     p.add_argument("--against", metavar="OTHER_DIR", help="also compare with this checkpoint")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max abs logits difference (default 1e-4)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
@@ -131,10 +144,24 @@ def check_loadable(model_dir: HFModelDir) -> None:
         raise CheckpointError(
             f"{model_dir.path}: checkpoint does not fit its config.json: " + "; ".join(problems)
         )
-    for path, shard in iter_hf_shard_files(model_dir):
+    for path, shard in iter_hf_shard_files(dataclasses.replace(model_dir, adapter=None)):
         for key, tensor in shard.items():
             if not is_finite(tensor):
                 raise CheckpointError(f"{path}: tensor '{key}' holds NaN or Inf values")
+    if model_dir.adapter is not None:
+        for key, tensor in model_dir.adapter.read().items():
+            if not is_finite(tensor):
+                raise CheckpointError(f"{model_dir.adapter.path}: tensor '{key}' holds NaN or Inf values")
+
+
+def _open(path: str, flag: str, base: str | None = None) -> HFModelDir:
+    from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapted_model
+
+    if is_adapter_dir(path):
+        return open_adapted_model(path, base, flag=flag)
+    if base is not None:
+        raise CheckpointError(f"--base {base}: {path} is a model directory, not a peft adapter; drop --base")
+    return open_model_dir(path, flag=flag)
 
 
 def _one_line(err: BaseException) -> str:
@@ -145,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
     try:
-        model_dir = open_model_dir(args.model_dir, flag="verify-checkpoint")
-        other = open_model_dir(args.against, flag="--against") if args.against else None
+        model_dir = _open(args.model_dir, "verify-checkpoint", args.base)
+        other = _open(args.against, "--against") if args.against else None
         for checked in (model_dir, other):
             if checked is not None:
                 check_loadable(checked)
@@ -168,6 +195,12 @@ def _report(
 ) -> int:
     arch = model_dir.architecture
     kind = "MoE" if arch.is_moe else "dense"
+    adapter = model_dir.adapter
+    if adapter is not None:
+        print(
+            f"{adapter.path}: peft LoRA adapter, rank {adapter.params.rank}, alpha {adapter.params.alpha:g}, "
+            f"{len(adapter.shapes)} tensors on {', '.join(adapter.target_modules)}; its base:"
+        )
     print(
         f"{model_dir.path}: Qwen3 {kind}, {arch.num_hidden_layers} layers, hidden {arch.hidden_size}, "
         f"vocab {arch.vocab_size}, tied {arch.tie_word_embeddings}, rope_theta {arch.rope_theta:g}, "
@@ -181,8 +214,9 @@ def _report(
             print(f"keys: {problem}")
     else:
         print("keys: complete (no missing, unexpected or mismatched tensors)")
+    reference = "peft" if adapter is not None else "transformers"
     print(
-        f"logits max |transformers - torchtitan|: {report.logits_max_abs_diff:.3e} (tolerance {args.tolerance:g})"
+        f"logits max |{reference} - torchtitan|: {report.logits_max_abs_diff:.3e} (tolerance {args.tolerance:g})"
     )
     print(
         f"loss on the fixed text: transformers {report.loss_transformers:.6f}, torchtitan {report.loss_titan:.6f}"

@@ -151,6 +151,19 @@ class AdapterDir:
         with safe_open(str(self.path / ADAPTER_WEIGHTS), framework="pt") as f:
             return {key: f.get_tensor(key) for key in f.keys()}
 
+    def merged(
+        self, shard: dict[str, torch.Tensor], tensors: Mapping[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """``shard`` (Hugging Face keys) with this adapter merged into the weights it adapts, as peft merges
+        (``W + B @ A * scaling``, in fp32, back to the weight's dtype): the merged export's arithmetic."""
+        out = dict(shard)
+        for key, weight in shard.items():
+            a_key, b_key = (peft_key(key.removesuffix(".weight"), which) for which in "AB")
+            if key.endswith(".weight") and a_key in tensors:
+                delta = tensors[b_key].float() @ tensors[a_key].float()
+                out[key] = (weight.float() + delta * self.params.scaling).to(weight.dtype)
+        return out
+
 
 # Features of peft's LoraConfig an adapter must leave off: ours is plain LoRA on whole projections.
 _PLAIN_LORA = {
@@ -164,6 +177,38 @@ _PLAIN_LORA = {
     "alpha_pattern": {},
     "target_parameters": None,
 }
+
+
+def is_adapter_dir(path: str | os.PathLike) -> bool:
+    """A peft adapter directory rather than a model: its adapter_config.json, and no config.json."""
+    folder = Path(path).expanduser()
+    return (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file()
+
+
+def open_adapted_model(path: str | os.PathLike, base: str | None = None, flag: str = "model directory"):
+    """A peft adapter directory as the model it makes: its base (``base``, else the adapter's
+    ``base_model_name_or_path``) with the adapter merged as its weights are read (``HFModelDir.adapter``).
+    The adapter's tensors are checked against the base's architecture, one line naming the first misfit."""
+    import dataclasses
+
+    from qwen3_titan_common.hf.model_dir import open_model_dir
+
+    adapter = open_adapter_dir(path, flag=flag)
+    source = base or adapter.base_model
+    if not source:
+        raise CheckpointError(
+            f"{adapter.path / ADAPTER_CONFIG}: no base_model_name_or_path; pass --base DIR (the model it adapts)"
+        )
+    shown = "--base" if base else f"{adapter.path / ADAPTER_CONFIG}: base_model_name_or_path"
+    if not base and not Path(source).expanduser().is_dir():
+        raise CheckpointError(
+            f"{shown} {source!r}: not a local directory; pass --base DIR (the model it adapts)"
+        )
+    model = open_model_dir(source, flag=shown)
+    check_adapter_shapes(
+        adapter, expected_adapter_shapes(model.architecture, adapter.target_modules, adapter.params.rank)
+    )
+    return dataclasses.replace(model, adapter=adapter)
 
 
 def open_adapter_dir(path: str | os.PathLike, flag: str = "--lora.adapter") -> AdapterDir:

@@ -35,6 +35,8 @@ class HFModelDir:
     tensors: dict[str, TensorEntry] = field(repr=False)
     tokenizer_files: tuple[str, ...]
     has_generation_config: bool
+    adapter: object | None = field(default=None, repr=False)
+    """A peft LoRA adapter (``hf.adapter.AdapterDir``) merged into these weights as they are read, or None."""
 
     @property
     def has_tokenizer(self) -> bool:

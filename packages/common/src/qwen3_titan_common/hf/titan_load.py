@@ -27,9 +27,13 @@ _NOT_IN_CHECKPOINTS = ("rope", "expert_bias", "tokens_per_expert")
 def iter_hf_shard_files(
     model_dir: HFModelDir, dtype: torch.dtype | None = None
 ) -> Iterator[tuple[Path, dict[str, torch.Tensor]]]:
+    adapter = model_dir.adapter
+    adapter_tensors = adapter.read() if adapter is not None else None
     for path in model_dir.weight_files:
         with safe_open(str(path), framework="pt") as f:
             shard = {key: f.get_tensor(key) for key in f.keys()}
+        if adapter is not None:
+            shard = adapter.merged(shard, adapter_tensors)
         if dtype is not None:
             shard = {k: v.to(dtype) for k, v in shard.items()}
         yield path, shard

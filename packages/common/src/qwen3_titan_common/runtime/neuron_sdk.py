@@ -9,9 +9,28 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+from dataclasses import dataclass
 
 NEURON_DEVICES = "/dev/neuron[0-9]*"
-INSTALL = "uv pip install --index neuron torch-neuronx==2.14.* neuronx-cc nki"
+
+
+@dataclass(frozen=True)
+class NeuronSdkPins:
+    """The Neuron SDK release this project targets, as its support matrix lists it for torchtitan
+    (https://awsdocs-neuron.readthedocs-hosted.com, release notes of SDK 2.33: TorchNeuron beta).
+
+    The lock's torch is ``torch`` (root pyproject.toml's ``constraint-dependencies``), the one torch-neuronx
+    ``torch_neuronx`` is built against, so installing the SDK leaves the locked torch where it is;
+    tests/test_neuron_sdk_env.py reads the lock against this table.
+    """
+
+    release: str
+    torch: str
+    torch_neuronx: str
+
+
+NEURON_SDK = NeuronSdkPins(release="2.33", torch="2.14.0", torch_neuronx="2.14.3")
+INSTALL = f"uv pip install --index neuron torch-neuronx=={NEURON_SDK.torch_neuronx}.* neuronx-cc nki"
 
 
 def missing_sdk_note(devices: str = NEURON_DEVICES) -> str | None:

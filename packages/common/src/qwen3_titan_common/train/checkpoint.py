@@ -156,9 +156,11 @@ class Qwen3CheckpointManager(CheckpointManager):
             value = value.to("cpu", self.hf_export.dtype)
             yield from self.export_adapter.to_hf({name: value}).items()
 
-    def export_hf(self, step: int, card: str | None = None, out_dir: Path | None = None) -> Path | None:
+    def export_hf(
+        self, step: int, card: str | None = None, out_dir: Path | None = None, what: str | None = None
+    ) -> Path | None:
         """Write the model as a Hugging Face directory (``out_dir``, default the plan's for ``step``; ``card``:
-        its README.md); every rank calls it, rank 0 writes."""
+        its README.md; ``what``: the log line's name for it); every rank calls it, rank 0 writes."""
         plan = self.hf_export
         if plan is None:
             return None
@@ -187,9 +189,8 @@ class Qwen3CheckpointManager(CheckpointManager):
             # The files are planned from the architecture (config.json): an adapter that drops a trained
             # tensor (upstream's HF backend loses lm_head) or adds one is refused, leaving nothing behind.
             result = export_hf_dir(spec, recorded(self._hf_tensors(True)))
-            logger.info(
-                f"Exported Hugging Face checkpoint of step {step} to {result} ({len(written)} tensors)"
-            )
+            what = what or f"Hugging Face checkpoint of step {step}"
+            logger.info(f"Exported the {what} to {result} ({len(written)} tensors)")
         else:
             for _ in self._hf_tensors(False):
                 pass

@@ -42,6 +42,15 @@ BASE_EXPORT = "base"
 
 
 @dataclass(frozen=True)
+class LoRAExports:
+    """What the last export wrote: the adapter, the merged model (``--lora.merge``), the base it applies to."""
+
+    adapter: Path | None
+    merged: Path | None
+    base: str
+
+
+@dataclass(frozen=True)
 class LoRAExportPlan:
     """What a LoRA run writes beside (or instead of) the full export, from ``--lora.*``."""
 
@@ -107,6 +116,7 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
         self.lora = config.lora
         self.merging: dict[str, dict[str, torch.Tensor]] | None = None
         self.base_exported = False
+        self.exports: LoRAExports | None = None
         self.hf_modules: dict[str, str] = {}
         params = [p for m in model_parts for p in m.parameters()]
         # fp32 weights, and AdamW's two fp32 moments of the trainable (adapter) parameters only.
@@ -155,16 +165,22 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
                 value = merged.to(value.dtype)
             yield name, value
 
-    def export_hf(self, step: int, card: str | None = None, out_dir: Path | None = None) -> Path | None:
+    def export_hf(
+        self, step: int, card: str | None = None, out_dir: Path | None = None, what: str | None = None
+    ) -> Path | None:
+        """The adapter of ``step`` (returned), the frozen base once when the run has no base directory, and
+        with ``--lora.merge`` the merged model; what they are is kept in :attr:`exports` for the summary."""
         plan, lora = self.hf_export, self.lora
         if plan is None or lora is None or out_dir is not None:
-            return super().export_hf(step, card=card, out_dir=out_dir)
+            return super().export_hf(step, card=card, out_dir=out_dir, what=what)
         is_writer = _is_writer()
         base_model = lora.base_model
         if base_model is None:
             base_dir = plan.base_dir / BASE_EXPORT
             if not self.base_exported:
-                super().export_hf(step, out_dir=base_dir)
+                super().export_hf(
+                    step, out_dir=base_dir, what="frozen base model (training leaves it unchanged)"
+                )
                 self.base_exported = True
             base_model = str(base_dir.resolve())
         adapters = self._gather_adapters(is_writer)
@@ -184,12 +200,17 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
             )
             result = write_adapter_dir(spec, tensors)
             logger.info(f"Exported the LoRA adapter of step {step} to {result} ({len(tensors)} tensors)")
+        merged = None
         if lora.merge:
             self.merging = adapters
             try:
-                super().export_hf(step, card=card)
+                merged = super().export_hf(
+                    step, card=card, what=f"merged model (base + adapters) of step {step}"
+                )
             finally:
                 self.merging = None
+        if is_writer:
+            self.exports = LoRAExports(adapter=result, merged=merged, base=base_model)
         if dist.is_initialized():
             dist.barrier()
         return result

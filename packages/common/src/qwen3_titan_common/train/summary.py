@@ -42,6 +42,11 @@ class RunSummary:
     checkpoint: str | None  # the last step checkpoint's folder, None when checkpointing is off
     export: str | None  # the last Hugging Face export's folder, None without one
     trained_share: float | None = None  # share of the computed tokens that carried loss
+    # A LoRA run: ``export`` is its adapter; the merged model (--lora.merge), the base model the adapter applies
+    # to, and where its tokenizer is (the base's, else the run's own assets).
+    merged: str | None = None
+    base: str | None = None
+    tokenizer: str | None = None
 
     def write(self, path: str | os.PathLike) -> None:
         """Atomically: the launcher reads a complete file or none."""
@@ -111,7 +116,11 @@ def summary_lines(
     ]
     if s.checkpoint:
         lines.append(f"checkpoint: {_shown(s.checkpoint)}")
-    if s.export:
+    if s.export and s.base:
+        lines.append(f"adapter:    {_shown(s.export)}   (peft LoRA, on the base {_shown(s.base)})")
+        if s.merged:
+            lines.append(f"export:     {_shown(s.merged)}   (base + adapters merged)")
+    elif s.export:
         lines.append(f"export:     {_shown(s.export)}")
     more = max(2 * s.last_step, s.last_step + 1)
     if not s.checkpoint:
@@ -124,15 +133,19 @@ def summary_lines(
     else:
         lines.append(f"resume:     the same command with --training.steps above {s.last_step}")
     if s.export:
-        export = _shown(s.export)
+        # What a user loads next: the merged model when there is one, else the export or the adapter.
+        loaded = _shown(s.merged or s.export)
+        adapter_only = bool(s.base) and not s.merged
         uv = python is not None and python[:2] == ["uv", "run"]
         verify = ["uv", "run", "verify-checkpoint"] if uv else ["verify-checkpoint"]
-        lines.append(f"verify:     {shlex.join([*verify, export])}")
-        where = json.dumps(export)  # a Python string literal in double quotes: one shell quoting level
+        lines.append(f"verify:     {shlex.join([*verify, loaded])}")
+        where = json.dumps(loaded)  # a Python string literal in double quotes: one shell quoting level
+        # transformers loads an adapter directory itself (through peft) on its base; the tokenizer is the base's.
+        tokenizer = json.dumps(_shown(s.tokenizer or s.base)) if adapter_only else where
         code = (
             "import transformers as t; "
             f"m = t.AutoModelForCausalLM.from_pretrained({where}); "
-            f"k = t.AutoTokenizer.from_pretrained({where}); "
+            f"k = t.AutoTokenizer.from_pretrained({tokenizer}); "
             'print(type(m).__name__, m.num_parameters(), "parameters,", len(k), "tokens")'
         )
         lines.append(f"load:       {shlex.join([*(python or ['python']), '-c', code])}")
@@ -147,6 +160,16 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
     checkpoint = None
     if checkpointer.enable and progress.last_step is not None:
         checkpoint = str((Path(checkpointer.folder) / f"step-{trainer.step}").resolve())
+    lora = getattr(checkpointer, "exports", None)
+    lora_fields = {}
+    if lora is not None and export:
+        base = Path(lora.base)
+        has_tokenizer = (base / "tokenizer.json").is_file() or (base / "vocab.json").is_file()
+        lora_fields = {
+            "merged": str(lora.merged.resolve()) if lora.merged else None,
+            "base": str(base),
+            "tokenizer": str(base) if has_tokenizer else str(Path(trainer.config.hf_assets_path).resolve()),
+        }
     return RunSummary(
         first_step=progress.first_step,
         last_step=progress.last_step,
@@ -161,6 +184,7 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
         checkpoint=checkpoint,
         export=str(Path(export).resolve()) if export else None,
         trained_share=progress.trained_share(),
+        **lora_fields,
     )
 
 
