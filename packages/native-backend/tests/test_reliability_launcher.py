@@ -199,6 +199,45 @@ def test_expert_parallel_and_experts(fails, tmp_path):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (
+            ["--lr", "-0.001"],
+            "--optimizer.param_groups.0.optimizer_kwargs.lr -0.001 (--lr): expected a number >= 0",
+        ),
+        (
+            ["--lr", "nan"],
+            "--optimizer.param_groups.0.optimizer_kwargs.lr nan (--lr): expected a number >= 0",
+        ),
+        (
+            ["--optimizer.param_groups.0.optimizer_kwargs.eps", "0"],
+            "optimizer_kwargs.eps 0.0: expected a positive number",
+        ),
+        (
+            ["--optimizer.param_groups.0.optimizer_kwargs.weight_decay", "-1"],
+            "weight_decay -1.0: expected a number >= 0",
+        ),
+    ],
+    ids=["lr-negative", "lr-nan", "eps-zero", "weight-decay-negative"],
+)
+def test_optimizer_values_no_one_means(fails, argv, culprit):
+    fails(argv, culprit)
+
+
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--lora.alpha", "8"], "--lora.alpha 8.0: has no effect without --lora.rank R"),
+        (["--lora.rank", "0", "--lora.merge"], "--lora.merge True: has no effect without --lora.rank R"),
+        (["--lora.targets", "q_proj,v_proj"], "--lora.targets q_proj,v_proj: has no effect"),
+    ],
+    ids=["alpha", "merge", "targets"],
+)
+def test_lora_flags_without_lora(fails, argv, culprit):
+    fails(argv, culprit)
+
+
 @pytest.fixture(scope="module")
 def pristine_moe(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("pristine-moe") / "moe", moe=True)

@@ -108,6 +108,15 @@ def with_lora(config, start: StartPoint | None = None):
     """The run's config as a LoRA run (``config`` itself when ``--lora`` is off); see the module docstring."""
     options = config.lora
     if not options.enabled:
+        defaults = LoRAOptions()
+        for f in dataclasses.fields(LoRAOptions):
+            value = getattr(options, f.name)
+            if f.name != "rank" and value != getattr(defaults, f.name):
+                shown = ",".join(value) if isinstance(value, list) else value
+                raise UserInputError(
+                    f"--lora.{f.name} {shown}: has no effect without --lora.rank R or --lora.adapter DIR "
+                    "(--lora.rank 0 trains every weight)"
+                )
         return config
     check_lora_options(options, config.parallelism)
     arch = config.architecture

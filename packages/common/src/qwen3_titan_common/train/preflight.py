@@ -10,6 +10,7 @@ of these checks writes anything; each failure is one line naming the flag, file 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from pathlib import Path
 
@@ -115,7 +116,34 @@ def _check_parallel_shapes(config, layout: Layout) -> None:
         )
 
 
+def _check_optimizer(optimizer) -> None:
+    """Values no one means, refused before a step moves a weight the wrong way (a negative rate ascends)."""
+    for index, group in enumerate(getattr(optimizer, "param_groups", None) or ()):
+        kwargs = getattr(group, "optimizer_kwargs", None) or {}
+        flag = f"--optimizer.param_groups.{index}.optimizer_kwargs"
+        checks = {
+            "lr": (lambda v: v >= 0, "a number >= 0 (0 moves no weight)"),
+            "weight_decay": (lambda v: v >= 0, "a number >= 0"),
+            "eps": (lambda v: v > 0, "a positive number"),
+        }
+        for name, (fine, expected) in checks.items():
+            value = kwargs.get(name)
+            if value is None:
+                continue
+            shown = f"{flag}.{name} {value}" + (" (--lr)" if name == "lr" and index == 0 else "")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise UserInputError(f"{shown}: expected {expected}")
+            if not fine(value):
+                raise UserInputError(f"{shown}: expected {expected}")
+        betas = kwargs.get("betas")
+        if betas is not None and not all(
+            isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b < 1 for b in betas
+        ):
+            raise UserInputError(f"{flag}.betas {tuple(betas)}: expected two numbers in [0, 1)")
+
+
 def _check_flags(config) -> None:
+    _check_optimizer(config.optimizer)
     training = config.training
     _positive("--training.steps", training.steps)
     _positive("--training.local_batch_size", training.local_batch_size)
