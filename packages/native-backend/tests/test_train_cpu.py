@@ -34,6 +34,15 @@ def test_default_config_trains_logs_and_checkpoints(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_summary_counts_the_steps_trained_not_the_steps_logged(tmp_path):
+    log = _train(["--steps", "2", "--metrics.log_freq", "10", "--out", "out"], cwd=tmp_path)
+    assert [s.step for s in parse_step_lines(log)] == [1]  # torchtitan logs step 1, then every 10th
+    assert "[train] done: steps 1-2 of 2" in log and "(at step 1, the last step line)" in log
+    (resume,) = [line for line in log.splitlines() if line.startswith("[train] resume:")]
+    assert "--steps 4" in resume and "(from step 2; any --steps above 2)" in resume
+
+
+@pytest.mark.slow
 def test_printed_command_gives_the_same_run_as_train(tmp_path):
     common = ["--training.steps", "4", "--checkpoint.no-enable", *DETERMINISTIC]
     printed = subprocess.run(

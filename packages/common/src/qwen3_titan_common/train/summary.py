@@ -47,6 +47,9 @@ class RunSummary:
     merged: str | None = None
     base: str | None = None
     tokenizer: str | None = None
+    last_logged_step: int | None = (
+        None  # the loss figures' step, when the run trained past its last step line
+    )
 
     def write(self, path: str | os.PathLike) -> None:
         """Atomically: the launcher reads a complete file or none."""
@@ -110,6 +113,8 @@ def summary_lines(
         rate += f", {100 * s.trained_share:.0f}% of them trained"
     memory = f"; peak memory {s.peak_memory_gib:.2f}GiB ({s.memory_source})" if s.peak_memory_gib else ""
     loss = f"; loss {s.first_loss:.3f} -> {s.final_loss:.3f}" if s.first_loss is not None else ""
+    if loss and s.last_logged_step is not None and s.last_logged_step != s.last_step:
+        loss += f" (at step {s.last_logged_step}, the last step line)"
     lines = [
         f"done: steps {s.first_step}-{s.last_step} of {s.total_steps} in {took}; "
         f"{s.tokens:,} tokens{rate}{loss}{memory}"
@@ -170,9 +175,12 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
             "base": str(base),
             "tokenizer": str(base) if has_tokenizer else str(Path(trainer.config.hf_assets_path).resolve()),
         }
+    first = getattr(trainer, "first_trained_step", None)
     return RunSummary(
-        first_step=progress.first_step,
-        last_step=progress.last_step,
+        # The steps trained, not the steps logged: a 2-step run that logs every 10th trained steps 1-2.
+        first_step=first if first is not None else progress.first_step,
+        last_step=trainer.step if first is not None else progress.last_step,
+        last_logged_step=progress.last_step,
         total_steps=progress.total_steps,
         tokens=progress.tokens,
         train_seconds=progress.seconds,

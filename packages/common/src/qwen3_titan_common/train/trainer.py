@@ -114,6 +114,8 @@ class Qwen3Trainer(Trainer):
                 microbatches=self.gradient_accumulation_steps,
             )
             self.metrics_processor.router_balance = self.loss_fn
+        # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
+        self.first_trained_step: int | None = None
         logger.info(describe_trainable(self.model_parts, self.optimizers))
 
     @classmethod
@@ -155,6 +157,8 @@ class Qwen3Trainer(Trainer):
             yield input_dict, labels
 
     def train_step(self, data_iterator) -> None:
+        if self.first_trained_step is None:
+            self.first_trained_step = self.step
         if isinstance(self.loss_fn, LMLossWithRouterBalance):
             self.loss_fn.start_step()
         super().train_step(data_iterator)
