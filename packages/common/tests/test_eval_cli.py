@@ -139,8 +139,14 @@ def _listing(*roots):
         (["{dense}", "--base", "{dense}"], "is a model directory, not a peft adapter; drop --base"),
     ],
     ids=[
-        "missing-dir", "no-config", "missing-dataset", "unknown-backend", "zero-seq-len", "bad-record",
-        "adapter-base-not-local", "base-without-adapter",
+        "missing-dir",
+        "no-config",
+        "missing-dataset",
+        "unknown-backend",
+        "zero-seq-len",
+        "bad-record",
+        "adapter-base-not-local",
+        "base-without-adapter",
     ],  # fmt: skip
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, dense, argv, fragment):
