@@ -6,13 +6,22 @@ shards) and each file is written as soon as its last tensor has arrived, so host
 memory stays at the model plus one file. Everything goes to a hidden temporary
 directory beside the target, which is renamed into place only when complete: a
 killed export never leaves a directory that looks loadable.
+
+Beside the weights an export holds what inference reads: config.json, the tokenizer
+(its ``model_max_length`` the model's ``max_position_embeddings``) and a
+``generation_config.json``, the source's when it has one, else one that stops
+``generate`` at the chat template's end of turn as well as at EOS. Every file and the
+directory get the modes the user's umask gives new files, so that other users of a
+shared filesystem can load what one user's job wrote.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +41,8 @@ from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, TOKENIZER_FILES
 from qwen3_titan_common.hf.shard_plan import index_json, plan_shards
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
+
+logger = logging.getLogger(__name__)
 
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DEFAULT_MAX_SHARD_BYTES = 5 * 1000**3
@@ -77,6 +88,9 @@ class ExportSpec:
     # are planned from it. None: the architecture's in ``config``, without a tied lm_head.
     shapes: Mapping[str, tuple[int, ...]] | None = None
     model_card: str | None = None  # README.md (hf.model_card)
+    # The source model's own generation_config.json when it is not in assets_dir (a model directory without
+    # tokenizer files exports the run's tokenizer, but still its generation settings).
+    generation_config: Path | None = None
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -147,16 +161,137 @@ def _export_config(spec: ExportSpec) -> dict[str, Any]:
     return config
 
 
-def _copy_assets(assets_dir: Path | None, tmp_dir: Path) -> None:
+def _copy_assets(assets_dir: Path | None, tmp_dir: Path, config: Mapping[str, Any]) -> None:
+    """The tokenizer files and generation config of ``assets_dir``; tokenizer_config.json's
+    ``model_max_length`` becomes the model's ``max_position_embeddings``."""
     if assets_dir is None:
         return
     for name in (*TOKENIZER_FILES, GENERATION_CONFIG):
         source = assets_dir / name
         if source.is_file():
-            shutil.copy2(source, tmp_dir / name)
+            # Contents only: a copied mode (a read-only package install, a private model
+            # directory) would not be the export's.
+            shutil.copyfile(source, tmp_dir / name)
+    positions = config.get("max_position_embeddings")
+    tokenizer_config = tmp_dir / "tokenizer_config.json"
+    if isinstance(positions, int) and tokenizer_config.is_file():
+        settings = json.loads(tokenizer_config.read_text())
+        # Published tokenizers often say more (Qwen3's 131072, for a 40960-position model): past
+        # max_position_embeddings the exported model has no positions, so transformers should warn there.
+        if settings.get("model_max_length") != positions:
+            settings["model_max_length"] = positions
+            tokenizer_config.write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
+_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+# An answer no chat template writes itself, so that what follows it in a rendering is the template's.
+_PROBE_ANSWER = "\u00a7answer"
+
+
+def _end_of_turn_id(tokenizer) -> int | None:
+    """The special token the chat template closes an assistant turn with (ChatML's ``<|im_end|>``), the
+    token a chat-trained model ends its answer with; None without a template or such a token."""
+    if not tokenizer.chat_template:
+        return None
+    probe = [{"role": "user", "content": "\u00a7question"}, {"role": "assistant", "content": _PROBE_ANSWER}]
+    try:
+        text = tokenizer.apply_chat_template(probe, tokenize=False)
+    except Exception:  # a template that needs more than a plain two-message chat: no end of turn known
+        return None
+    if _PROBE_ANSWER not in text:
+        return None
+    after = text[text.index(_PROBE_ANSWER) + len(_PROBE_ANSWER) :].lstrip()
+    ids = tokenizer.encode(after, add_special_tokens=False)
+    added = tokenizer.added_tokens_decoder
+    return ids[0] if ids and ids[0] in added and added[ids[0]].special else None
+
+
+def _token_ids(config: Mapping[str, Any], tmp_dir: Path) -> dict[str, Any]:
+    """bos/eos/pad for ``generate``: the exported tokenizer's, the end of turn first among the EOS ids
+    (as Qwen3's own generation config lists ``[<|im_end|>, <|endoftext|>]``); config.json's where the
+    tokenizer says nothing."""
+    ids = {key: config[key] for key in _TOKEN_ID_KEYS if config.get(key) is not None}
+    if not any((tmp_dir / name).is_file() for name in ("tokenizer.json", "vocab.json")):
+        return ids
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(tmp_dir))
+    except Exception as err:  # whatever transformers refuses; the export itself must not fail for it
+        logger.warning(
+            f"[export] {GENERATION_CONFIG}: token ids from config.json only, the tokenizer does not load ({err})"
+        )
+        return ids
+    from_config = ids.get("eos_token_id")
+    from_config = from_config if isinstance(from_config, list) else [from_config]
+    eos = [i for i in (_end_of_turn_id(tokenizer), tokenizer.eos_token_id, *from_config) if i is not None]
+    eos = list(dict.fromkeys(eos))
+    if eos:
+        ids["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    for key, value in (("bos_token_id", tokenizer.bos_token_id), ("pad_token_id", tokenizer.pad_token_id)):
+        if value is not None:
+            ids[key] = value
+    if "pad_token_id" not in ids and tokenizer.eos_token_id is not None:
+        ids["pad_token_id"] = tokenizer.eos_token_id  # what generate pads with anyway, after a warning
+    return ids
+
+
+def _write_generation_config(config: Mapping[str, Any], tmp_dir: Path) -> None:
+    """A generation_config.json for an export whose source has none.
+
+    Without one transformers takes config.json's ``eos_token_id``, EOS alone: a chat-tuned model
+    ends its turn with the template's end-of-turn token and, not stopped there, runs on past its answer.
+    """
+    from transformers import GenerationConfig
+
+    GenerationConfig(**_token_ids(config, tmp_dir)).save_pretrained(str(tmp_dir))
+
+
+def _umask_modes(directory: Path) -> tuple[int, int]:
+    """The permission bits (files, directories) that new files and directories get in ``directory``:
+    the user's umask, or a default ACL there.
+
+    Read from a probe the kernel creates: ``os.umask`` can only be read by setting it, and a file
+    another thread creates meanwhile would get the wrong mode.
+    """
+    probe = directory / ".mode-probe"
+    probe.mkdir(mode=0o777)
+    try:
+        os.close(os.open(probe / "file", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        file_mode = stat.S_IMODE((probe / "file").stat().st_mode) & 0o777
+        dir_mode = stat.S_IMODE(probe.stat().st_mode) & 0o777
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return file_mode, dir_mode
+
+
+def _give_umask_modes(tmp_dir: Path) -> None:
+    """Give everything under ``tmp_dir`` (itself included) the modes new files and directories get.
+
+    safetensors' ``save_file`` writes through a private temporary file (0600), and a directory made by
+    ``tempfile.mkdtemp`` is 0700: other users of a shared filesystem could not load the export. Done
+    before the rename that completes the directory, so it never appears with other modes.
+    """
+    # Probed inside tmp_dir, which inherits its parent's default ACL: a probe left by a killed export
+    # goes with the partial directory, never into the export root.
+    file_mode, dir_mode = _umask_modes(tmp_dir)
+    for root, dirs, files in os.walk(tmp_dir):
+        for name in (*files, *dirs):
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                _chmod(path, dir_mode if name in dirs else file_mode)
+    _chmod(tmp_dir, dir_mode)
+
+
+def _chmod(path: str | Path, mode: int) -> None:
+    # Keeps the setgid bit a shared group directory hands down to the directories made in it.
+    os.chmod(path, (stat.S_IMODE(os.stat(path).st_mode) & ~0o777) | mode)
 
 
 def _replace_dir(tmp_dir: Path, out_dir: Path) -> None:
+    """Rename the complete ``tmp_dir`` to ``out_dir``, replacing an export of ours there; everything in it
+    first gets the modes the user's umask gives (:func:`_give_umask_modes`)."""
+    _give_umask_modes(tmp_dir)
     check_replaceable(out_dir)
     old = None
     if out_dir.exists():
@@ -200,7 +335,11 @@ def export_hf_dir(
                 phase.advance(tensor.numel() * spec.dtype.itemsize)
         writer.finish(f"export {out_dir}")
         (tmp_dir / CONFIG_NAME).write_text(json.dumps(_export_config(spec), indent=2, sort_keys=True) + "\n")
-        _copy_assets(spec.assets_dir, tmp_dir)
+        _copy_assets(spec.assets_dir, tmp_dir, spec.config)
+        if spec.generation_config is not None:
+            shutil.copyfile(spec.generation_config, tmp_dir / GENERATION_CONFIG)
+        if not (tmp_dir / GENERATION_CONFIG).is_file():
+            _write_generation_config(spec.config, tmp_dir)
         if spec.model_card is not None:
             (tmp_dir / CARD_NAME).write_text(spec.model_card)
         write_export_marker(tmp_dir, [f.name for f in tmp_dir.iterdir()])

@@ -50,6 +50,7 @@ class HFExportPlan:
     dtype: torch.dtype
     max_shard_bytes: int
     assets_dir: Path  # tokenizer and generation config copied into each export
+    generation_config: Path | None = None  # the source model's, when assets_dir is not its directory
 
     def dir_for(self, step: int) -> Path:
         return self.base_dir / f"step-{step}"
@@ -185,6 +186,7 @@ class Qwen3CheckpointManager(CheckpointManager):
                 assets_dir=plan.assets_dir,
                 tie_word_embeddings=tied,
                 model_card=card,
+                generation_config=plan.generation_config,
             )
             # The files are planned from the architecture (config.json): an adapter that drops a trained
             # tensor (upstream's HF backend loses lm_head) or adds one is refused, leaving nothing behind.

@@ -39,6 +39,7 @@ from torchtitan.trainer import Trainer
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
+from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.train.checkpoint import HFExportPlan
@@ -259,6 +260,9 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         dtype=_export_dtype(config, start),
         max_shard_bytes=parse_size(config.hf.max_shard_size),
         assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
+        generation_config=model_dir.path / GENERATION_CONFIG
+        if model_dir is not None and model_dir.has_generation_config
+        else None,
     )
     changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
     where = f"{model_dir.path}/config.json" if model_dir is not None else "the model's config.json"
