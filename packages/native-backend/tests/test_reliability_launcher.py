@@ -369,6 +369,25 @@ def test_data_binary_named_jsonl(fails, tmp_path):
     _data(fails, path, "d.jsonl", "binary file")
 
 
+@pytest.mark.parametrize(
+    ("codec", "named"),
+    [("utf-16", "is UTF-16 text"), ("utf-16-le", "is UTF-16LE text"), ("utf-32", "is UTF-32 text")],
+    ids=["utf-16-with-mark", "utf-16le-without", "utf-32"],
+)
+def test_data_in_another_unicode_encoding(fails, tmp_path, codec, named):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes((GOOD + "\n").encode(codec) * 3)
+    _data(fails, path, "d.jsonl", named, "not UTF-8", "iconv -f")
+
+
+def test_data_in_latin1(fails, tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(
+        (json.dumps({"text": "Café au lait, crème brûlée."}, ensure_ascii=False) + "\n").encode("latin-1") * 3
+    )
+    _data(fails, path, "d.jsonl", "is not UTF-8 text (byte 0xe9 at offset 13", "iconv -f LATIN1 -t UTF-8")
+
+
 def test_data_json_array_named_jsonl(fails, tmp_path):
     _data(fails, _write(tmp_path / "d.jsonl", json.dumps([{"text": "a"}])), "d.jsonl", "JSON array")
 
@@ -581,6 +600,25 @@ def test_model_dir_index_names_a_missing_shard(fails, tmp_path):
     shard = sorted(sharded.glob("model-*.safetensors"))[-1]
     shard.unlink()
     fails(["--hf-model", str(sharded)], shard.name, "missing")
+
+
+def test_model_dir_tensor_in_two_shards(fails, tmp_path):
+    sharded = make_tiny_checkpoint(tmp_path / "sharded", max_shard_size="100KB")
+    first, last = (
+        sorted(sharded.glob("model-*.safetensors"))[0],
+        sorted(sharded.glob("model-*.safetensors"))[-1],
+    )
+    stray_key = next(iter(load_file(first)))
+    tensors = load_file(last)
+    tensors[stray_key] = torch.zeros_like(load_file(first)[stray_key])  # another value under the same name
+    save_file(tensors, last, metadata={"format": "pt"})
+    fails(["--hf-model", str(sharded)], last.name, f"'{stray_key}'", first.name, "stores each tensor once")
+
+
+def test_model_dir_tied_with_a_distinct_lm_head(fails, model):
+    # config.json ties them; the file holds an lm_head of its own, which transformers would load as it is.
+    _retensor(model, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1.0}))
+    fails(["--hf-model", str(model)], "'lm_head.weight' differs", "tie_word_embeddings true")
 
 
 def test_model_dir_pickle_weights_only(fails, model):

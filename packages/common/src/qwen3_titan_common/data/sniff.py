@@ -21,6 +21,42 @@ _ARRAY_TO_LINES = (
 )
 
 
+# Longest first: UTF-32 LE starts with UTF-16 LE's mark. iconv's plain UTF-16/UTF-32 read the mark and drop it.
+_UTF_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def _encoding(head: bytes) -> str | None:
+    """The UTF-16/32 encoding ``head`` is in, as iconv names it (by its byte-order mark, or ASCII text with
+    every other byte NUL), or None."""
+    for mark, encoding in _UTF_BOMS:
+        if head.startswith(mark):
+            return encoding
+    sample = head[: len(head) - len(head) % 2]
+    if len(sample) >= 4:
+        even, odd = sample[0::2], sample[1::2]
+        if odd.count(0) == len(odd) and even.count(0) == 0:
+            return "UTF-16LE"
+        if even.count(0) == len(even) and odd.count(0) == 0:
+            return "UTF-16BE"
+    return None
+
+
+def _not_utf8(head: bytes) -> str | None:
+    """Where ``head`` stops being UTF-8 (a multi-byte character cut by the end of the sample is fine)."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if err.start >= len(head) - 3 and err.reason == "unexpected end of data":
+            return None
+        return f"byte 0x{head[err.start]:02x} at offset {err.start}"
+    return None
+
+
 def not_json_lines(path: Path, name: str) -> str | None:
     """Why ``path`` (named ``name`` in messages) cannot be JSON Lines text, or None if it may be."""
     with open(path, "rb") as f:
@@ -30,8 +66,20 @@ def not_json_lines(path: Path, name: str) -> str | None:
             return f"{name}: is {what}, not JSON Lines text; decompress it first ({fix.format(path=path)}) and pass the result"
     if head.startswith(b"PAR1"):
         return f"{name}: is a Parquet file, not JSON Lines; give it the .parquet suffix"
+    encoding = _encoding(head)
+    if encoding is not None:
+        return (
+            f"{name}: is {encoding} text, not UTF-8; convert it first (`iconv -f {encoding} -t UTF-8 {path} > "
+            "OUT.jsonl`) and pass the result"
+        )
     if b"\x00" in head:
         return f"{name}: is a binary file, not JSON Lines text (it holds NUL bytes); expected one JSON object per line"
+    where = _not_utf8(head)
+    if where is not None:
+        return (
+            f"{name}: is not UTF-8 text ({where}; Latin-1 or Windows-1252, perhaps); convert it first "
+            f"(`iconv -f LATIN1 -t UTF-8 {path} > OUT.jsonl`, with the encoding it is in) and pass the result"
+        )
     if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
         return (
             f"{name}: holds a JSON array, not JSON Lines; expected one JSON object per line: convert it with "

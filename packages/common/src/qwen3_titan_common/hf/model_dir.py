@@ -135,6 +135,14 @@ def _read_tensors(path: Path) -> dict[str, TensorEntry]:
     tensors: dict[str, TensorEntry] = {}
     headers = {shard: read_header(shard) for shard in sorted(set(weight_map.values()))}
     for key, shard in weight_map.items():
+        others = [other.name for other, entries in headers.items() if other != shard and key in entries]
+        if others:
+            # transformers reads the index's copy, torchtitan's sharded reader may take the other: refused, so
+            # that what trains is what transformers would load.
+            raise CheckpointError(
+                f"{path / others[0]}: holds tensor '{key}' too, which {path / SAFETENSORS_INDEX_FILE} places in "
+                f"{shard.name}; a checkpoint stores each tensor once (remove the stray copy)"
+            )
         if key not in headers[shard]:
             raise CheckpointError(
                 f"{path / SAFETENSORS_INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
@@ -146,12 +154,36 @@ def _read_tensors(path: Path) -> dict[str, TensorEntry]:
     return tensors
 
 
+def _check_tied_head(
+    config_path: Path, architecture: Qwen3Architecture, tensors: dict[str, TensorEntry]
+) -> None:
+    """A tied model whose file also holds an ``lm_head.weight`` of other values: transformers v5 loads that
+    head as it is (an untied model, in effect), our backends would tie it to the embedding. Refused."""
+    head, embedding = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if not (architecture.tie_word_embeddings and head is not None and embedding is not None):
+        return
+    import torch
+    from safetensors import safe_open
+
+    with safe_open(str(head.file), framework="pt") as f:
+        head_values = f.get_tensor("lm_head.weight")
+    with safe_open(str(embedding.file), framework="pt") as f:
+        embedding_values = f.get_tensor("model.embed_tokens.weight")
+    if head_values.shape != embedding_values.shape or not torch.equal(head_values, embedding_values):
+        raise CheckpointError(
+            f"{head.file}: tensor 'lm_head.weight' differs from 'model.embed_tokens.weight', but {config_path} "
+            "says tie_word_embeddings true (one matrix): set it false to train both, or drop lm_head.weight"
+        )
+
+
 def open_model_dir(path: str | Path, flag: str = "--hf.model_dir") -> HFModelDir:
-    """Check a model directory's files and read its config and tensor headers (no weights)."""
+    """Check a model directory's files and read its config and tensor headers (no weights but a tied model's
+    stored lm_head, compared with its embedding)."""
     resolved = resolve_local_dir(path, flag)
     architecture = read_architecture(resolved)
     tensors = _read_tensors(resolved)
     check_trainable_dtypes(tensors)
+    _check_tied_head(resolved / "config.json", architecture, tensors)
     return HFModelDir(
         path=resolved,
         architecture=architecture,
