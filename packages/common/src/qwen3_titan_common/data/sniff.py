@@ -47,13 +47,17 @@ def _encoding(head: bytes) -> str | None:
 
 
 def _not_utf8(head: bytes) -> str | None:
-    """Where ``head`` stops being UTF-8 (a multi-byte character cut by the end of the sample is fine)."""
+    """Where the first line of ``head`` stops being UTF-8, or None. Only the first line: a UTF-8 file with one
+    bad line later is a bad record of its own (named by its line), a file whose first line is not UTF-8 is in
+    another encoding (a multi-byte character cut by the end of the sample is fine)."""
+    first = head.lstrip(b"\r\n").split(b"\n", 1)[0]
     try:
-        head.decode("utf-8")
+        first.decode("utf-8")
     except UnicodeDecodeError as err:
-        if err.start >= len(head) - 3 and err.reason == "unexpected end of data":
+        if err.start >= len(first) - 3 and err.reason == "unexpected end of data":
             return None
-        return f"byte 0x{head[err.start]:02x} at offset {err.start}"
+        offset = err.start + len(head) - len(head.lstrip(b"\r\n"))
+        return f"byte 0x{first[err.start]:02x} at offset {offset}"
     return None
 
 

@@ -135,6 +135,10 @@ def _read_tensors(path: Path) -> dict[str, TensorEntry]:
     tensors: dict[str, TensorEntry] = {}
     headers = {shard: read_header(shard) for shard in sorted(set(weight_map.values()))}
     for key, shard in weight_map.items():
+        if key not in headers[shard]:
+            raise CheckpointError(
+                f"{path / SAFETENSORS_INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
+            )
         others = [other.name for other, entries in headers.items() if other != shard and key in entries]
         if others:
             # transformers reads the index's copy, torchtitan's sharded reader may take the other: refused, so
@@ -142,10 +146,6 @@ def _read_tensors(path: Path) -> dict[str, TensorEntry]:
             raise CheckpointError(
                 f"{path / others[0]}: holds tensor '{key}' too, which {path / SAFETENSORS_INDEX_FILE} places in "
                 f"{shard.name}; a checkpoint stores each tensor once (remove the stray copy)"
-            )
-        if key not in headers[shard]:
-            raise CheckpointError(
-                f"{path / SAFETENSORS_INDEX_FILE}: says '{key}' is in {shard.name}, which does not hold it"
             )
         tensors[key] = headers[shard][key]
     for entries in headers.values():
