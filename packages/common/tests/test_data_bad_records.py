@@ -45,6 +45,19 @@ CHAT_CASES = {
         json.dumps({"messages": [{"role": "user", "content": "Hi?"}]}),
         "chat has no assistant turn (roles: user); nothing to train on",
     ),
+    "every assistant turn empty": (
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": "Hi?"},
+                    {"role": "assistant", "content": " "},
+                    {"role": "user", "content": "And?"},
+                    {"role": "assistant", "content": ""},
+                ]
+            }
+        ),
+        "every assistant turn is empty (messages[1], messages[3]); nothing to train on but the end-of-turn token",
+    ),
     "messages not a list": (
         json.dumps({"messages": "Hi"}),
         "field 'messages' is a string (expected a list of {role, content} objects)",

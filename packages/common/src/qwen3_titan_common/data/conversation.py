@@ -51,6 +51,15 @@ def conversation_of(record: Any, messages_field: str, tools_field: str) -> Conve
     roles = [m["role"] for m in checked]
     if "assistant" not in roles:
         raise InvalidRecord(f"chat has no assistant turn (roles: {', '.join(roles)}); nothing to train on")
+    answers = [(i, m) for i, m in enumerate(checked) if m["role"] == "assistant"]
+    if all(
+        not m.get("content", "").strip() and not m.get("tool_calls") and not reasoning_of(m)
+        for _, m in answers
+    ):
+        where = ", ".join(f"{messages_field}[{i}]" for i, _ in answers)
+        raise InvalidRecord(
+            f"every assistant turn is empty ({where}); nothing to train on but the end-of-turn token"
+        )
     tools = record.get(tools_field)
     if tools is not None:
         if not isinstance(tools, list | tuple) or not all(isinstance(t, dict) for t in tools):
