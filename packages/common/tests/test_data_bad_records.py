@@ -222,3 +222,26 @@ def test_line_that_is_not_utf8(tmp_path, tokenizer):
     path.write_bytes(GOOD_TEXT.encode() + b'\n{"text": "caf\xe9"}\n')
     with pytest.raises(BadRecordError, match=rf"^{path}:2: line is not UTF-8 text"):
         list(_loader(tokenizer, path, infinite=False))
+
+
+@pytest.mark.parametrize("change", ["appended", "rewritten"])
+def test_a_file_changed_while_the_run_reads_it_is_said_to_have_changed(tmp_path, tokenizer, change):
+    import os
+
+    path = tmp_path / "train.jsonl"
+    from qwen3_titan_common.data.dataset import READ_AHEAD
+
+    path.write_text("\n".join([GOOD_TEXT] * (2 * READ_AHEAD)) + "\n")  # read in two chunks
+    batches = iter(_loader(tokenizer, path, infinite=False))
+    next(batches)  # the run has started reading
+    if change == "appended":
+        with open(path, "a") as f:
+            f.write('{"text": "one more"}\n')
+    else:  # the same size, other bytes: only the modification time tells
+        stat = path.stat()
+        path.write_text(path.read_text().replace("a", "b"))
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    with pytest.raises(
+        DatasetError, match=rf"^{path}: changed since this run read it \(size [0-9,]+ -> [0-9,]+ bytes"
+    ):
+        list(batches)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,6 +247,7 @@ class JsonlFile:
         offset = 0
         # A pass over the whole file: minutes for tens of GB, shown past 5 s.
         with open(path, "rb") as f, Phase(f"indexing {name}", total=path.stat().st_size, unit="B") as phase:
+            self._stamp = _stamp(os.fstat(f.fileno()))
             for number, (length, blank) in enumerate(_line_spans(f), start=1):
                 if not blank:
                     offsets.append(offset)
@@ -280,9 +282,23 @@ class JsonlFile:
             f.seek(int(self._offsets[0]))
             return f.readline(self.max_record_bytes + 1)
 
+    def _check_unchanged(self, f) -> None:
+        """The index holds byte offsets: a file changed since (appended to, rewritten) would be read at the
+        wrong places, its records reported as broken lines. Said as what it is instead."""
+        now = _stamp(os.fstat(f.fileno()))
+        if now != self._stamp:
+            (size, mtime), (new_size, new_mtime) = self._stamp, now
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(new_mtime / 1e9))
+            raise DatasetError(
+                f"{self.name}: changed since this run read it (size {size:,} -> {new_size:,} bytes, modified "
+                f"{when}); a run trains on its data as it was when it started: restore the file, or start a new "
+                "run on the new one"
+            )
+
     def read(self, indices: Sequence[int]) -> list[RawRecord]:
         records = []
         with open(self.path, "rb") as f:
+            self._check_unchanged(f)
             for i in indices:
                 location = f"{self.name}:{int(self._line_numbers[i])}"
                 length = int(self._lengths[i])
@@ -292,6 +308,10 @@ class JsonlFile:
                 f.seek(int(self._offsets[i]))
                 records.append(_parse_json_line(f.readline(), location))
         return records
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int]:
+    return stat.st_size, stat.st_mtime_ns
 
 
 def _line_spans(f, block: int = 1 << 20):
