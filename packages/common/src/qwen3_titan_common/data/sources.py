@@ -287,7 +287,7 @@ class JsonlFile:
         wrong places, its records reported as broken lines. Said as what it is instead."""
         now = _stamp(os.fstat(f.fileno()))
         if now != self._stamp:
-            (size, mtime), (new_size, new_mtime) = self._stamp, now
+            (size, _), (new_size, new_mtime) = self._stamp, now
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(new_mtime / 1e9))
             raise DatasetError(
                 f"{self.name}: changed since this run read it (size {size:,} -> {new_size:,} bytes, modified "

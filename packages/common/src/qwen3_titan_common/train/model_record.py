@@ -24,9 +24,51 @@ class OtherModelError(UserInputError):
     pass
 
 
-def model_record(model_name: str, architecture: Qwen3Architecture) -> dict[str, Any]:
+def model_record(
+    model_name: str, architecture: Qwen3Architecture, schedule: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``schedule``: the run's config name and optimizer settings, which a resume may change (said, not
+    refused: the model is the same)."""
+    record = {"model": model_name, "architecture": architecture.to_dict()}
+    if schedule is not None:
+        record["schedule"] = schedule
     # Through JSON, so a record compares equal to the same record read back (tuples become lists).
-    return json.loads(json.dumps({"model": model_name, "architecture": architecture.to_dict()}))
+    return json.loads(json.dumps(record))
+
+
+def schedule_of(config) -> dict[str, Any]:
+    """What of a run's config shapes how its steps update the weights, beyond the model: the config
+    function, the learning-rate schedule and each parameter group's optimizer settings."""
+    scheduler = config.lr_scheduler
+    fields = ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")
+    groups = getattr(config.optimizer, "param_groups", None) or ()
+    return {
+        "config": config.model_spec.flavor,
+        **{f"lr_scheduler.{name}": getattr(scheduler, name, None) for name in fields},
+        **{
+            f"param_groups.{i}.{key}": value
+            for i, group in enumerate(groups)
+            for key, value in (getattr(group, "optimizer_kwargs", None) or {}).items()
+            if isinstance(value, int | float | str | bool | tuple | list)
+        },
+    }
+
+
+def schedule_changes(folder: Path, record: dict[str, Any]) -> list[str]:
+    """How this run's schedule differs from the one its checkpoints were trained with (nothing when the
+    record predates schedules or is unreadable: ``check_model_record`` judges the record itself)."""
+    try:
+        saved = json.loads((folder / RECORD_NAME).read_text()).get("schedule")
+    except (OSError, ValueError, AttributeError):
+        return []
+    ours = record.get("schedule")
+    if not isinstance(saved, dict) or not isinstance(ours, dict):
+        return []
+    return [
+        f"{key} {saved.get(key)} there, {ours.get(key)} here"
+        for key in sorted(set(saved) | set(ours), key=lambda k: (k != "config", k))
+        if saved.get(key) != ours.get(key)
+    ]
 
 
 def write_model_record(folder: Path, record: dict[str, Any]) -> None:

@@ -44,7 +44,12 @@ from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
-from qwen3_titan_common.train.model_record import check_model_record, model_record
+from qwen3_titan_common.train.model_record import (
+    check_model_record,
+    model_record,
+    schedule_changes,
+    schedule_of,
+)
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
 from qwen3_titan_common.train.rank_errors import rank_errors
 from qwen3_titan_common.train.router_balance import LMLossWithRouterBalance, MoEOptions, with_router_balance
@@ -246,14 +251,16 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         if getattr(config.loss, "global_vocab_size", None) is not None:
             # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
             changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
-    record = model_record(config.model_spec.name, architecture)
+    record = model_record(config.model_spec.name, architecture, schedule_of(config))
     if start.kind == "resume":
-        check_model_record(
-            Path(config.dump_folder) / config.checkpoint.folder,
-            record,
-            step=start.resume_step,
-            dump_folder=config.dump_folder,
-        )
+        checkpoint_folder = Path(config.dump_folder) / config.checkpoint.folder
+        check_model_record(checkpoint_folder, record, step=start.resume_step, dump_folder=config.dump_folder)
+        changed = schedule_changes(checkpoint_folder, record)
+        if changed:
+            logger.info(
+                f"[start] resuming step {start.resume_step} with another schedule than it was trained with "
+                f"({'; '.join(changed)}): this run's applies from step {start.resume_step + 1}"
+            )
     plan = HFExportPlan(
         base_dir=Path(config.hf.export_dir or Path(config.dump_folder) / "hf"),
         architecture=architecture,
