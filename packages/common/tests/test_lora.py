@@ -23,6 +23,7 @@ from qwen3_titan_common.hf.adapter import (
     write_adapter_dir,
 )
 from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.hf.export_guard import EXPORT_MARKER
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import load_hf_into_titan
 from qwen3_titan_common.models.lora import (
@@ -154,7 +155,10 @@ def test_adapter_directory_is_peft_s_format_and_reads_back(tmp_path):
     source = make_tiny_checkpoint(tmp_path / "base")
     arch = open_model_dir(source).architecture
     out, tensors, shapes = _adapter(tmp_path, arch)
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+    # peft's two files, the note, and the mark that this project wrote it (a later export may replace it).
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [EXPORT_MARKER, "README.md", ADAPTER_CONFIG, ADAPTER_WEIGHTS]
+    )
     assert not list(tmp_path.glob(".adapter.partial-*"))
     config = json.loads((out / ADAPTER_CONFIG).read_text())
     assert (config["peft_type"], config["r"], config["lora_alpha"], config["task_type"]) == (

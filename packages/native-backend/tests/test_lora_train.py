@@ -35,19 +35,19 @@ def _train(args, cwd):
     return proc.stdout + proc.stderr
 
 
-def _run_printed(log: str, cwd: Path) -> dict[str, str]:
-    """Run the summary's verify and load commands as printed (relative to the run's directory); their output."""
+def _run_printed(log: str, cwd: Path, names=("verify", "load")) -> dict[str, str]:
+    """Run the summary's commands as printed (relative to the run's directory); their output."""
     import shlex
 
     outputs = {}
-    for name in ("verify", "load"):
+    for name in names:
         (line,) = [x for x in log.splitlines() if x.startswith(f"[train] {name}:")]
-        command = shlex.split(line.split(":", 1)[1])
-        if command[0] == "verify-checkpoint":
-            command[0] = str(Path(sys.executable).with_name("verify-checkpoint"))
+        command = shlex.split(line.split(":", 1)[1].split("   (")[0])
+        if command[0] in ("verify-checkpoint", "train"):
+            command[0] = str(Path(sys.executable).with_name(command[0]))
         proc = subprocess.run(command, cwd=cwd, env=ENV, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-        outputs[name] = proc.stdout
+        outputs[name] = proc.stdout if name != "resume" else proc.stdout + proc.stderr
     return outputs
 
 
@@ -210,9 +210,10 @@ def test_a_merged_run_summary_names_each_folder_and_its_commands_work(lora_run):
     assert f"[train] adapter:    out/hf/adapter-step-{STEPS}   (peft LoRA, on the base {source.name})" in log
     assert f"[train] export:     out/hf/step-{STEPS}   (base + adapters merged)" in log
     assert f"Exported the merged model (base + adapters) of step {STEPS}" in log
-    outputs = _run_printed(log, out.parent)
+    outputs = _run_printed(log, out.parent, names=("verify", "load", "resume"))
     assert outputs["verify"].rstrip().endswith("OK")
     assert "Qwen3ForCausalLM" in outputs["load"]
+    assert f"[train] done: steps {STEPS + 1}-{2 * STEPS} of {2 * STEPS}" in outputs["resume"]
 
 
 @pytest.mark.slow

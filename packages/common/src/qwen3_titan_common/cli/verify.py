@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import math
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +69,10 @@ def _transformers_logits(model_dir: HFModelDir, tokens: torch.Tensor, dtype: tor
     if model_dir.adapter is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(model_dir.adapter.path))
+        with warnings.catch_warnings():
+            # peft asks transformers a deprecated question while loading: noise in a report.
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+            model = PeftModel.from_pretrained(model, str(model_dir.adapter.path))
     model = model.eval()
     with torch.no_grad():
         return model(tokens).logits.float()

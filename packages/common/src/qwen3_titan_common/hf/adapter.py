@@ -30,6 +30,7 @@ from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import expected_hf_shapes
 from qwen3_titan_common.hf.export import _replace_dir, check_free_space
+from qwen3_titan_common.hf.export_guard import write_export_marker
 from qwen3_titan_common.models.lora import LoRAParams
 
 # peft.utils.CONFIG_NAME and SAFETENSORS_WEIGHTS_NAME, spelled out (a test checks them against peft's)
@@ -130,6 +131,8 @@ def write_adapter_dir(spec: AdapterSpec, tensors: Mapping[str, torch.Tensor]) ->
         save_file(contiguous, str(tmp_dir / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         lora_config(spec).save_pretrained(str(tmp_dir))
         (tmp_dir / README).write_text(_readme(spec))
+        # Last, as for a model export: the mark that lets a later export (a resumed run) replace it.
+        write_export_marker(tmp_dir, [f.name for f in tmp_dir.iterdir()])
         _replace_dir(tmp_dir, out_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)

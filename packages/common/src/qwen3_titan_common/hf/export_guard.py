@@ -16,9 +16,11 @@ from pathlib import Path
 from qwen3_titan_common.hf.errors import CheckpointError
 
 EXPORT_MARKER = ".qwen3-titan-export.json"
-_STEP_DIR = re.compile(r"^step-\d+$")
-# Leftovers of this project's own exports that were killed (export.py names them so).
-_OWN_LEFTOVER = re.compile(r"^\.step-\d+\.(partial|old)-\d+$")
+# What this project writes in an export root: model exports (step-N), and a LoRA run's adapters
+# (adapter-step-N) and the frozen base they apply to (base).
+_OWN_DIR = re.compile(r"^(step-\d+|adapter-step-\d+|base)$")
+# Leftovers of this project's own exports that were killed (export.py and adapter.py name them so).
+_OWN_LEFTOVER = re.compile(r"^\.(step-\d+|adapter-step-\d+|base)\.(partial|old)-\d+$")
 
 
 class ExportTargetError(CheckpointError):
@@ -90,7 +92,7 @@ def check_export_root(
         entry.name
         for entry in root.iterdir()
         if not (
-            (_STEP_DIR.match(entry.name) and entry.is_dir() and is_completed_export(entry))
+            (_OWN_DIR.match(entry.name) and entry.is_dir() and is_completed_export(entry))
             or _OWN_LEFTOVER.match(entry.name)
         )
     )
