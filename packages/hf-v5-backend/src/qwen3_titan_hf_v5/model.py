@@ -182,17 +182,17 @@ class HFCausalLM(BaseModel):
 
     def _keep_routing(self, router_logits: tuple[torch.Tensor, ...]) -> None:
         top_k = self.hf_config.num_experts_per_tok
-        with torch.no_grad():
-            for layer, logits_TE in enumerate(router_logits):
-                chosen_TK = torch.topk(logits_TE, top_k, dim=-1).indices
+        records = []
+        for layer, logits_TE in enumerate(router_logits):
+            # As transformers' load_balancing_loss_func reads them: softmax in the logits' dtype, then top-k
+            # (the same experts as top-k of the logits, which is all the counts need).
+            scores_TE = torch.softmax(logits_TE, dim=-1) if self._record_routing else logits_TE
+            chosen_TK = torch.topk(scores_TE, top_k, dim=-1).indices
+            with torch.no_grad():
                 ones = torch.ones(chosen_TK.numel(), dtype=torch.float32, device=chosen_TK.device)
                 self.tokens_per_expert_LE[layer].scatter_add_(0, chosen_TK.reshape(-1), ones)
+            records.append(RoutingRecord(scores_TE, chosen_TK))
         if self._record_routing:
-            # As transformers' load_balancing_loss_func reads them: softmax in the logits' dtype, then top-k.
-            records = []
-            for logits_TE in router_logits:
-                probs_TE = torch.softmax(logits_TE, dim=-1)
-                records.append(RoutingRecord(probs_TE, torch.topk(probs_TE, top_k, dim=-1).indices))
             self._recorded = records
 
     def take_routing(self) -> list[RoutingRecord]:

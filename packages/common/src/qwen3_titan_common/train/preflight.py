@@ -131,9 +131,8 @@ def _check_optimizer(optimizer) -> None:
             if value is None:
                 continue
             shown = f"{flag}.{name} {value}" + (" (--lr)" if name == "lr" and index == 0 else "")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise UserInputError(f"{shown}: expected {expected}")
-            if not fine(value):
+            number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+            if not (number and fine(value)):
                 raise UserInputError(f"{shown}: expected {expected}")
         betas = kwargs.get("betas")
         if betas is not None and not all(
