@@ -1,8 +1,10 @@
 """The shape of the code: no import cycles, common's layers import only downwards, and private names of
 torchtitan and torch are used in one version-checked place (``qwen3_titan_common/compat.py``).
 
-Read from the source with ``ast`` (nothing is imported), over every package's ``src/`` and ``examples/``.
-Imports inside functions count too: a lazy import still ties the two modules together.
+Read from the source with ``ast``, over every package's ``src/`` and ``examples/``; the only modules
+imported are those of the base classes of a class with private methods, whose upstream ancestors say
+which of those methods override torch's or torchtitan's. Imports inside functions count too: a lazy
+import still ties the two modules together.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.compat import SUBCLASS_HOOKS, subclass_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted((ROOT / "packages").glob("*/src")) + [ROOT / "examples"]
@@ -20,14 +23,14 @@ UPSTREAM = ("torch", "torchtitan")
 
 # common's layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "compat"},
+    {"errors", "compat", "testing"},  # testing: the tests' helpers (torch only)
     {"runtime"},
     {"arch"},
     {"perf", "assets"},
     {"models"},
     {"hf", "data"},
     {"train"},
-    {"cli"},
+    {"cli", "commands"},
 ]
 
 
@@ -163,22 +166,41 @@ def _project_private_names() -> set[str]:
 OURS = _project_private_names()
 
 
-def _upstream_bases(tree: ast.Module) -> dict[str, object]:
-    """Classes this module imports from torch or torchtitan, by the name they are bound to."""
+PROJECT = {module.split(".")[0] for module in MODULES}
+
+
+def _imported_names(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """What this module imports from torch, torchtitan or the project by ``from M import N``: the name it
+    is bound to -> (M, N). Only the bases of a class with private methods are imported (:func:`_class`)."""
     bound = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UPSTREAM:
-            module = importlib.import_module(node.module)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in (*UPSTREAM, *PROJECT):
             for alias in node.names:
-                value = getattr(module, alias.name, None)
-                if isinstance(value, type):
-                    bound[alias.asname or alias.name] = value
+                bound[alias.asname or alias.name] = (node.module, alias.name)
     return bound
+
+
+def _class(module: str, name: str) -> type | None:
+    value = getattr(importlib.import_module(module), name, None)
+    return value if isinstance(value, type) else None
+
+
+def _upstream_in(cls: type) -> list[type]:
+    """The torch and torchtitan classes among ``cls`` and its ancestors (a project class has some too)."""
+    return [c for c in cls.__mro__ if c.__module__.split(".")[0] in UPSTREAM]
+
+
+def _hooks_of(bases: list[type]) -> set[str]:
+    """The private hooks a subclass of ``bases`` may override (``compat.SUBCLASS_HOOKS``)."""
+    hooks = subclass_hooks()
+    return {
+        name for owner, names in hooks.items() if any(issubclass(b, owner) for b in bases) for name in names
+    }
 
 
 def private_upstream_uses(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    upstream = _upstream_bases(tree)
+    imported = _imported_names(tree)
     shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
     found = []
     for node in ast.walk(tree):
@@ -196,11 +218,19 @@ def private_upstream_uses(path: Path) -> list[str]:
             if node.attr not in OURS:
                 found.append(f"{where}: .{node.attr}")
         elif isinstance(node, ast.ClassDef):
-            bases = [upstream[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in upstream]
-            for item in node.body:
-                private = isinstance(item, ast.FunctionDef) and item.name.startswith("_")
-                if private and not item.name.startswith("__") and any(hasattr(b, item.name) for b in bases):
-                    found.append(f"{where}: {node.name} overrides {item.name} of an upstream class")
+            defined = [i.name for i in node.body if isinstance(i, ast.FunctionDef | ast.AsyncFunctionDef)]
+            methods = [name for name in defined if name.startswith("_") and not name.startswith("__")]
+            if not methods:
+                continue
+            bases = [
+                _class(*imported[b.id]) for b in node.bases if isinstance(b, ast.Name) and b.id in imported
+            ]
+            bases = [b for b in bases if b is not None]
+            upstream = [c for b in bases for c in _upstream_in(b)]
+            hooks = _hooks_of(bases)
+            for name in methods:
+                if name not in hooks and any(hasattr(c, name) for c in upstream):
+                    found.append(f"{where}: {node.name} overrides {name} of an upstream class")
     return found
 
 
@@ -229,6 +259,31 @@ def test_the_check_sees_private_names(tmp_path):
     assert any("_REGISTRY" in f for f in found)
     assert any("._grouped_mm" in f for f in found)
     assert any("overrides _process_read_request" in f for f in found)
+
+
+def test_a_subclass_may_override_the_hooks_compat_lists_and_no_other_private_name(tmp_path):
+    # torchtitan's own subclasses override these (compat.SUBCLASS_HOOKS); through a project class as well.
+    assert "_save" in SUBCLASS_HOOKS["torchtitan.components.checkpoint.CheckpointManager"]
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from torchtitan.components.checkpoint import CheckpointManager\n"
+        "from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager\n"
+        "class Direct(CheckpointManager):\n"
+        "    def _save(self, curr_step, last_step=False):\n"
+        "        return self._should_save(curr_step, last_step) and super()._save(curr_step, last_step)\n"
+        "    def _states_to_load(self, model_only):\n"
+        "        return {}\n"
+        "class Ours(Qwen3CheckpointManager):\n"
+        "    def _load(self, step=-1):\n"
+        "        return super()._load(step)\n"
+        "    def _find_load_step(self, folder=''):\n"
+        "        return -1\n"
+    )
+    found = private_upstream_uses(sample)
+    assert sorted(f.split(": ", 1)[1] for f in found) == [
+        "Direct overrides _states_to_load of an upstream class",
+        "Ours overrides _find_load_step of an upstream class",
+    ]
 
 
 @pytest.mark.parametrize("module", ["qwen3_titan_common.compat"])

@@ -93,7 +93,7 @@ def eval_tokens_per_second(dtype_name: str) -> float:
 def eval_tokens_per_second_here(dtype_name: str) -> float:
     import torch
     from qwen3_titan_common.assets import default_architecture, default_tokenizer_dir
-    from qwen3_titan_common.cli.eval import DTYPES, evaluate
+    from qwen3_titan_common.commands.eval import DTYPES, evaluate
     from qwen3_titan_common.data.validation import ValidationDataLoader
     from qwen3_titan_common.hf.eval_models import native_qwen3
     from torchtitan.components.tokenizer import HuggingFaceTokenizer

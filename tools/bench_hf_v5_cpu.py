@@ -42,7 +42,7 @@ def paired_steps(steps: int, mixed_precision_param: str) -> float:
     import torch.distributed as dist
     from qwen3_titan_common.assets import default_architecture
     from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
-    from qwen3_titan_hf_v5.model_spec import hf_v5_model_spec
+    from qwen3_titan_hf_v5.model import hf_v5_model_spec
     from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils

@@ -1,6 +1,7 @@
 """Benchmark: the embedded default on native-backend vs a plain transformers loop (CPU).
 
     uv run python -m tools.bench_native_cpu [--repeats 3] [--steps 25]
+    uv run python -m tools.bench_native_cpu --launch-against OTHER/.venv/bin/train [--pairs 7]
 
 Prints (issue 2's targets):
   - launch to first optimizer step of `train` (the default config), target < 10 s (issue 14), and the
@@ -35,13 +36,13 @@ from tools.bench_dense_common import (
 BACKEND = "native-backend"
 
 
-def launch_timeline() -> tuple[float, float]:
-    """Seconds from starting `train` to torchrun's start (the launcher's own work: device detection,
-    the run's config parsed in-process and every check before launch) and to the first step line."""
+def launch_timeline(train: str = TRAIN) -> tuple[float, float]:
+    """Seconds from starting `train` to torchrun's start (the launcher's own work) and to the first
+    step line."""
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         proc = subprocess.Popen(
-            [TRAIN, "--training.steps", "1", *QUIET, "--dump_folder", f"{tmp}/out"],
+            [train, "--training.steps", "1", *QUIET, "--dump_folder", f"{tmp}/out"],
             env=cpu_env(BACKEND), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp,
         )  # fmt: skip
         launched = first_step = None
@@ -74,12 +75,34 @@ def _measure(fn, repeats: int) -> tuple[float, float, float]:
     return statistics.median(values), values[0], values[-1]
 
 
+def launch_pairs(other_train: str, pairs: int) -> int:
+    """The launch row against another checkout's ``train`` (e.g. the commit before), in interleaved
+    pairs, so that the machine's load at the moment weighs on both sides alike."""
+    ours, theirs = [], []
+    for i in range(pairs):
+        order = [(ours, TRAIN), (theirs, other_train)]
+        for figures, train in order if i % 2 == 0 else reversed(order):
+            figures.append(launch_timeline(train)[1])
+    for name, figures in (("this checkout", ours), (other_train, theirs)):
+        print(f"launch to first step, {name}: median {statistics.median(figures):.2f} s "
+              f"(min {min(figures):.2f}, max {max(figures):.2f}, {pairs} runs)")  # fmt: skip
+    print(f"difference of medians: {statistics.median(ours) - statistics.median(theirs):+.2f} s")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--launch-against", metavar="TRAIN", default=None,
+        help="only the launch row, in interleaved pairs against this other checkout's train script",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--pairs", type=int, default=7, help="pairs of launches with --launch-against")
     args = parser.parse_args()
+    if args.launch_against:
+        return launch_pairs(args.launch_against, args.pairs)
     n, r = args.steps, args.repeats
     timelines = [launch_timeline() for _ in range(r)]
 

@@ -29,6 +29,21 @@ def test_versions_are_checked_from_the_package_metadata(monkeypatch, caplog):
     assert "torch 2.11.0+cu130 is installed; qwen3-titan is tested with torch 2.14" in caplog.text
 
 
+def test_the_subclass_hooks_are_the_upstream_classes_own_and_called_by_their_public_methods():
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    hooks = compat.subclass_hooks()
+    assert CheckpointManager in hooks
+    for owner, names in hooks.items():
+        for name in names:
+            assert inspect.isfunction(getattr(owner, name, None)), f"{owner.__qualname__}.{name} is gone"
+    # What overriding them relies on: the public entry points dispatch to them after their own guard, and
+    # the save hook asks _should_save (so ours, asking it first, writes exactly when upstream's would).
+    assert "self._save(curr_step, last_step)" in inspect.getsource(CheckpointManager.save)
+    assert "self._load(step)" in inspect.getsource(CheckpointManager.load)
+    assert "self._should_save(curr_step, last_step)" in inspect.getsource(CheckpointManager._save)
+
+
 def test_cpu_device_replaces_what_torchtitan_reads_at_import(caplog):
     import math
 

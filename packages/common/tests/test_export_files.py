@@ -17,8 +17,7 @@ import pytest
 import torch
 from qwen3_titan_common.assets import default_model_dir, default_tokenizer_dir
 from qwen3_titan_common.hf.adapter import AdapterSpec, write_adapter_dir
-from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
-from qwen3_titan_common.hf.export_guard import EXPORT_MARKER
+from qwen3_titan_common.hf.export import EXPORT_MARKER, ExportSpec, export_hf_dir
 from qwen3_titan_common.models.lora import LoRAParams
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.qwen3_tokenizer import QWEN3_VOCAB_SIZE, qwen3_tokenizer_dir

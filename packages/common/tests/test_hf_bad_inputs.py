@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from qwen3_titan_common.arch.architecture import ArchitectureError
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.start import open_checked_model_dir
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from safetensors.torch import load_file, save_file

@@ -7,9 +7,14 @@ import time
 
 import pytest
 import torch
-from qwen3_titan_common.hf.errors import CheckpointError
-from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir, parse_size
-from qwen3_titan_common.hf.export_guard import EXPORT_MARKER, ExportTargetError
+from qwen3_titan_common.errors import CheckpointError
+from qwen3_titan_common.hf.export import (
+    EXPORT_MARKER,
+    ExportSpec,
+    ExportTargetError,
+    export_hf_dir,
+    parse_size,
+)
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.runtime.disk import DiskSpaceError
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint

@@ -174,3 +174,42 @@ def test_config_functions_made_by_a_factory_are_listed_with_their_doc(tmp_path, 
         ("debug", "The tiny one."),
         ("qwen3_1_7b", "Qwen3-1.7B shape."),
     ]
+
+
+def _shown(capsys, lines: list[str]) -> list[str]:
+    from qwen3_titan_common.cli.supervise import _Console
+
+    console = _Console(show_all=False)
+    for line in lines:
+        console.line(line + "\n")
+    return capsys.readouterr().out.splitlines()
+
+
+def test_what_a_stopping_rank_prints_never_reaches_the_terminal_in_any_order(capsys):
+    """A rank's failure is held from its [stopped] line on, however its stderr (the line, a traceback)
+    and its stdout (step lines still in flight) interleave, and torchrun's report after it."""
+    import itertools
+
+    steps = [f"[rank0]:step: {n}/30  loss: 5.0" for n in (3, 4, 5)]
+    failure = ["[rank0]:[stopped] data.jsonl:84: not JSON", "[rank0]:Traceback (most recent call last):",
+               "[rank0]:  File x.py", "[rank0]:RuntimeError: boom",
+               "E1202 12:00:00 123 torch/distributed/elastic/multiprocessing/api.py:1 failed (exitcode: 1)"]  # fmt: skip
+    before = ["[rank0]:step: 1/30  loss: 6.0", "[rank0]:step: 2/30  loss: 5.5"]
+    for at in range(len(steps) + 1):  # step lines in flight arrive before, between or after the failure
+        for order in {tuple(p) for p in itertools.permutations([*steps[:at], "F"])}:
+            arrived = [
+                *before,
+                *[line for x in order for line in (failure if x == "F" else [x])],
+                *steps[at:],
+            ]
+            shown = _shown(capsys, arrived)
+            held_from = arrived.index(failure[0])
+            assert shown == arrived[:held_from], shown
+
+
+def test_a_traceback_nobody_announced_is_shown_once_training_goes_on(capsys):
+    lines = ["[rank0]:step: 1/30  loss: 6.0", "[rank0]:Traceback (most recent call last):",
+             "[rank0]:ValueError: a library's, caught", "[rank0]:step: 2/30  loss: 5.9",
+             "[rank0]:step: 3/30  loss: 5.8"]  # fmt: skip
+    assert _shown(capsys, lines[:4]) == lines[:1]  # the step in progress does not release it
+    assert _shown(capsys, lines) == lines

@@ -11,7 +11,7 @@ import peft
 import pytest
 import torch
 from qwen3_titan_common.compat import init_computed_buffers
-from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.errors import CheckpointError, UserInputError
 from qwen3_titan_common.hf.adapter import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -22,8 +22,7 @@ from qwen3_titan_common.hf.adapter import (
     peft_key,
     write_adapter_dir,
 )
-from qwen3_titan_common.hf.errors import CheckpointError
-from qwen3_titan_common.hf.export_guard import EXPORT_MARKER
+from qwen3_titan_common.hf.export import EXPORT_MARKER
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import load_hf_into_titan
 from qwen3_titan_common.models.lora import (

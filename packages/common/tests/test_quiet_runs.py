@@ -73,8 +73,7 @@ def test_dtensor_rng_warning_is_quiet_on_one_cpu_rank_only(one_rank_cpu_mesh):
 
 def test_the_tokenizer_folder_is_no_shard_index_news(tmp_path, caplog):
     from qwen3_titan_common.assets import default_architecture, default_tokenizer_dir
-    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
-    from qwen3_titan_common.models.state_dict_adapter import Qwen3TitanStateDictAdapter
+    from qwen3_titan_common.models.qwen3 import Qwen3TitanStateDictAdapter, titan_qwen3_model_config
     from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 
     model_config = titan_qwen3_model_config(default_architecture())

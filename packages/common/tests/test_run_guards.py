@@ -1,8 +1,9 @@
-"""The pieces behind "never overwrite": the dump-folder lock, the checkpoints' model record, and the
-channel a rank's one-line error takes to the launcher."""
+"""The pieces behind "never overwrite": the dump-folder lock, the checkpoints' model record, and how a
+rank that stops leaves its one-line error for the launcher."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,8 +11,7 @@ import sys
 import pytest
 from qwen3_titan_common.assets import debug_moe_architecture, default_architecture
 from qwen3_titan_common.runtime import dump_lock
-from qwen3_titan_common.runtime.dump_lock import DumpFolderBusy, DumpFolderLock, job_identity, lock_holder
-from qwen3_titan_common.runtime.error_channel import CHANNEL_ENV, ErrorChannel
+from qwen3_titan_common.runtime.dump_lock import DumpFolderBusy, DumpFolderLock, lock_holder
 from qwen3_titan_common.train.model_record import (
     RECORD_NAME,
     OtherModelError,
@@ -41,25 +41,30 @@ def test_a_second_lock_names_the_holder_and_a_dead_holder_releases_it(tmp_path):
     lock.release()
 
 
-def test_launchers_of_one_job_share_the_lock_and_another_run_is_refused(tmp_path, monkeypatch):
+def _job(monkeypatch, run_id: str, world: int = 4, local_world: int = 2) -> str | None:
+    for name, value in [("WORLD_SIZE", world), ("LOCAL_WORLD_SIZE", local_world), ("MASTER_ADDR", "node-0"),
+                        ("MASTER_PORT", 29500), ("TORCHELASTIC_RUN_ID", run_id)]:  # fmt: skip
+        monkeypatch.setenv(name, str(value))
+    return dump_lock.job_identity()
+
+
+def test_rank_0_of_one_job_rejoins_its_lock_and_another_run_is_refused(tmp_path, monkeypatch):
     # flock locks belong to open files, so two locks of one process conflict as two processes' do.
     monkeypatch.setattr(dump_lock, "JOIN_WAIT_SECONDS", 0.3)
-    job = job_identity(2, "node-0:29500", "4242")
-    assert job_identity(1, "localhost:0", None) is None  # a single-node run holds the folder alone
+    assert _job(monkeypatch, "4242", world=2, local_world=2) is None  # one node holds the folder alone
+    other_job = _job(monkeypatch, "4243")
+    job = _job(monkeypatch, "4242")
     first, second = DumpFolderLock(tmp_path, job), DumpFolderLock(tmp_path, job)
     first.acquire()
-    second.acquire()  # the job's launcher on the other node
+    second.acquire()  # the job's rank 0 restarted by torchrun on another node, the first one's host gone
     assert lock_holder(tmp_path) == str(os.getpid())
-    other_job = job_identity(2, "node-0:29500", "4243")
-    with pytest.raises(
-        DumpFolderBusy, match=r"in use by another training run \(PID \d+, job node-0:29500/4242\)"
-    ):
+    with pytest.raises(DumpFolderBusy, match=r"in use by another training run \(PID \d+, job 4242\)"):
         DumpFolderLock(tmp_path, other_job).acquire()
     with pytest.raises(DumpFolderBusy, match="in use by another training run"):
         DumpFolderLock(tmp_path).acquire()  # a single-node run
     first.release()
     with pytest.raises(DumpFolderBusy):
-        DumpFolderLock(tmp_path, other_job).acquire()  # the job holds it while any launcher of it does
+        DumpFolderLock(tmp_path, other_job).acquire()  # the job holds it while any rank 0 of it does
     second.release()
     alone = DumpFolderLock(tmp_path)
     alone.acquire()
@@ -86,16 +91,35 @@ def test_checkpoints_without_a_record_are_not_judged(tmp_path):
     check_model_record(tmp_path, model_record("qwen3", default_architecture()), step=1, dump_folder="out")
 
 
-def test_a_rank_error_reaches_the_launcher_without_any_file(tmp_path):
-    channel = ErrorChannel()
-    try:
-        env = {**os.environ, **channel.env(), "RANK": "1"}
-        subprocess.run(
-            [sys.executable, "-c", "from qwen3_titan_common.runtime.error_channel import report; report('d.jsonl:9: bad')"],
-            env=env, check=True, cwd=tmp_path,
-        )  # fmt: skip
-        assert channel.messages() == [(1, "d.jsonl:9: bad")]
-        assert channel.messages() == []
-    finally:
-        channel.close()
-    assert CHANNEL_ENV in channel.env() and list(tmp_path.iterdir()) == []
+def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_traceback(tmp_path):
+    rank_dir = tmp_path / "ranks" / "0"
+    rank_dir.mkdir(parents=True)
+    code = (
+        "from qwen3_titan_common.errors import UserInputError\n"
+        "from qwen3_titan_common.train.rank_errors import rank_errors\n"
+        "from types import SimpleNamespace\n"
+        "with rank_errors(lambda: SimpleNamespace(dump_folder='.', hf=None)):\n"
+        "    raise UserInputError('d.jsonl:9: bad')\n"
+    )
+    env = {
+        **os.environ,
+        "TORCHELASTIC_ERROR_FILE": str(rank_dir / "error.json"),
+        "QWEN3_TITAN_COMMAND": "train",
+    }
+    env.pop("QWEN3_TITAN_SHOW_TRACEBACK", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == ["[stopped] d.jsonl:9: bad"]  # the traceback is in the file only
+    recorded = json.loads((rank_dir / "error.json").read_text())["message"]
+    assert recorded["message"] == "UserInputError: d.jsonl:9: bad"
+    assert "Traceback" in recorded["extraInfo"]["py_callstack"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["0", "error.json", "ranks"]
+
+    # An internal error keeps its traceback, after the one line that says the rank stops.
+    internal = code.replace("UserInputError('d.jsonl:9: bad')", "RuntimeError('boom')")
+    proc = subprocess.run(
+        [sys.executable, "-c", internal], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "[stopped] internal error: RuntimeError: boom" and lines[1].startswith("Traceback")
+    assert json.loads((rank_dir / "error.json").read_text())["message"]["message"] == "RuntimeError: boom"

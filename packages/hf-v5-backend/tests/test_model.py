@@ -211,8 +211,7 @@ def test_config_functions_and_the_recipe_entry_point():
 
 
 def test_cuda_graphs_go_off_for_flex_attention_only(monkeypatch):
-    from qwen3_titan_hf_v5.config_registry import debug
-    from qwen3_titan_hf_v5.trainer import HFv5Trainer
+    from qwen3_titan_hf_v5.config_registry import HFv5Trainer, debug
     from torchtitan.tools import utils as titan_utils
 
     monkeypatch.setattr(titan_utils, "device_type", "cuda")

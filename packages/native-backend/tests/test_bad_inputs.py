@@ -27,7 +27,7 @@ def test_unknown_backend(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_console_script_stops_a_bad_flag_before_any_rank(tmp_path):
+def test_console_script_stops_a_bad_flag_before_anything_is_written(tmp_path):
     proc = subprocess.run(
         [TRAIN, "--training.seq_len", "4096", "--dump_folder", str(tmp_path / "out")],
         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300,
@@ -35,4 +35,4 @@ def test_console_script_stops_a_bad_flag_before_any_rank(tmp_path):
     check_failure(
         proc.returncode, proc.stdout, proc.stderr, 2, "--training.seq_len 4096", "max_position_embeddings"
     )
-    assert "torchrun" not in proc.stderr and list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []

@@ -1,10 +1,11 @@
 """docs/reliability.md, the rows the launcher stops before any rank starts.
 
-Each case runs the real launcher (``cli.launch.run``, what the ``train`` console script runs) in this
-process, so torchtitan is imported once for all of them: the run's config is parsed as torchrun's
-ranks would parse it and every rank-free check runs on it. Each asserts the exit code, one ``train:``
-line naming the culprit, no traceback or torchrun report, and that nothing under the test's directory
-(the dump folder, the user's model and data files) was created, changed or deleted.
+Each case runs, in this process, what ``train`` and its first rank check before anything is written
+(``qwen3_titan_testing.edges.checks_in_process``: the launcher's own checks, then the config parsed as
+the rank parses it and ``Qwen3Trainer.checked``, the function every rank runs first), so torchtitan is
+imported once for all of them. Each asserts the exit code, one ``train:`` line naming the culprit, no
+traceback or torchrun report, and that nothing under the test's directory (the dump folder, the user's
+model and data files) was created, changed or deleted.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen3_titan_common.cli.launch import run
 from qwen3_titan_common.runtime.dump_lock import DumpFolderLock
 from qwen3_titan_common.train.model_record import model_record, write_model_record
 from qwen3_titan_native.launch import BACKEND
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
-from qwen3_titan_testing.edges import changes, check_failure, snapshot
+from qwen3_titan_testing.edges import changes, check_failure, checks_in_process, snapshot
 from safetensors.torch import load_file, save_file
 
 GOOD = json.dumps({"text": "A perfectly fine document with some words in it."})
@@ -55,7 +55,7 @@ def fails(tmp_path, monkeypatch, capfd):
         capfd.readouterr()
         before = snapshot(tmp_path)
         args = [*argv, "--dump_folder", str(tmp_path / "out")] if dump else list(argv)
-        rc = run(BACKEND, args)
+        rc = checks_in_process(BACKEND, args)
         out = capfd.readouterr()
         failure = check_failure(rc, out.out, out.err, code, *culprit)
         assert changes(before, snapshot(tmp_path)) == []

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from nki_moe_models import QWEN3_30B_A3B_SHAPE, kernel_shape
 from qwen3_titan_nki_moe import config_registry, constraints, registry
-from qwen3_titan_nki_moe.launch import nki_precheck
 from qwen3_titan_nki_moe.trainer import prepare_kernels
 
 
@@ -112,16 +111,23 @@ def test_trainer_preparation_fails_fast_for_nki_on_any_device(monkeypatch):
 
 
 def _precheck(argv: list[str]) -> str | None:
-    """nki_precheck on the config the launcher parses once for all its checks."""
-    from qwen3_titan_common.cli.launch_checks import parse_run_config
+    """The backend's check, as each rank and --dry-run run it, on the config torchtitan parses."""
+    from qwen3_titan_common.cli.dry_run import parse_run_config
     from qwen3_titan_common.cli.plan import plan_launch
+    from qwen3_titan_common.errors import UserInputError
+    from qwen3_titan_common.train.trainer import Qwen3Trainer
     from qwen3_titan_nki_moe.launch import BACKEND
 
     _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
-    return nki_precheck(parse_run_config(plan))
+    config = parse_run_config(plan)
+    try:
+        Qwen3Trainer.for_config(config).prepare_backend(config)
+    except UserInputError as err:
+        return str(err)
+    return None
 
 
-def test_launcher_precheck_in_process(monkeypatch):
+def test_backend_check_in_process(monkeypatch):
     assert _precheck(["--training.seq_len", "1000"]) is None  # NKI not requested: no check
     assert _precheck(["--kernels", "nki", "--training.seq_len", "1000"]) == (
         "--training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024"
@@ -150,4 +156,5 @@ def test_launcher_ends_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         "train: --training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024"
     )
-    assert "torchrun" not in proc.stderr  # no rank was started
+    # The rank refused it before writing anything, and said so without a traceback.
+    assert list(tmp_path.iterdir()) == [] and "Traceback" not in proc.stdout + proc.stderr

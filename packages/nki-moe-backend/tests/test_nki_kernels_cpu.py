@@ -10,11 +10,13 @@ docstrings) and that the grouped SwiGLU kernels' instruction count does not grow
 import pytest
 import torch
 from nki_kernel_runners import SIMULATOR, TWIN, runner
+from qwen3_titan_common.testing.tolerance import assert_close_reduction
 from qwen3_titan_nki_moe import (
     blockwise,
     kernel_limits,
     registry,  # noqa: F401  (registers the reference ops)
 )
+from reduction_bounds import grouped_swiglu_bounds, rms_norm_bounds
 
 OPS = torch.ops.qwen3_titan
 RUNNERS = [TWIN, pytest.param(SIMULATOR, marks=pytest.mark.nki_simulator)]
@@ -48,16 +50,14 @@ def test_rms_norm_kernels(kernels, dtype):
     want_y = OPS.rms_norm(x, w.view(-1), 1e-6)
     want_dx, want_dw = OPS.rms_norm_backward(grad, x, w.view(-1), 1e-6)
 
-    if dtype == torch.float32:
-        tol = dict(atol=1e-5, rtol=1e-5)
-        # The weight gradient sums 512 rows of products of order 1: two summation orders differ by fp32
-        # rounding of that sum, up to ~512 ulps of 1 (3e-5), and do near a cancelling entry.
-        dw_tol = dict(atol=1e-4, rtol=1e-5)
+    got = {"y": y, "dx": grad_x, "dw": grad_w_parts.sum(0).to(dtype)}
+    want = {"y": want_y, "dx": want_dx, "dw": want_dw}
+    if dtype == torch.float32:  # fp32 sums in another order (dw: over the 512 rows), at the derived bound
+        for name, (n_terms, abs_sum, carried) in rms_norm_bounds(x, w, grad, 1e-6).items():
+            assert_close_reduction(got[name], want[name], n_terms, abs_sum, atol=carried, name=name)
     else:  # the kernel rounds where torch.rms_norm does; statistics summed in another order
-        tol = dw_tol = dict(atol=1e-2, rtol=1e-2)
-    torch.testing.assert_close(y, want_y, **tol)
-    torch.testing.assert_close(grad_x, want_dx, **tol)
-    torch.testing.assert_close(grad_w_parts.sum(0).to(dtype), want_dw, **dw_tol)
+        for name in got:
+            torch.testing.assert_close(got[name], want[name], atol=1e-2, rtol=1e-2)
     if measure is not None:
         itemsize = x.element_size()
         assert measure.footprint("sbuf") == kernel_limits.rms_norm_forward_bytes(dim, itemsize, itemsize)
@@ -150,6 +150,18 @@ def _reference(x, w1, w3, w2, offsets, grad):
     return y, dx, dw1, dw3, dw2
 
 
+def _assert_grouped_swiglu_close(got, want, dtype, *inputs):
+    names = ("y", "dx", "dw1", "dw3", "dw2")
+    if dtype == torch.float32:
+        bounds = grouped_swiglu_bounds(*inputs)
+        for name, a, b in zip(names, got, want, strict=True):
+            n_terms, abs_sum, carried = bounds[name]
+            assert_close_reduction(a, b, n_terms, abs_sum, atol=carried, name=name)
+    else:
+        for name, a, b in zip(names, got, want, strict=True):
+            torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=lambda m, name=name: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_grouped_swiglu_kernels(kernels, dtype):
     lnc, dim, hidden = 2, 256, 512
@@ -157,11 +169,10 @@ def test_grouped_swiglu_kernels(kernels, dtype):
     x, w1, w3, w2, offsets, grad = _experts(dtype, (130, 0, 1, 250, 0), dim, hidden)
     got, measures = _run_grouped_swiglu(kernels, lnc, x, w1, w3, w2, offsets, grad)
     want = _reference(x, w1, w3, w2, offsets, grad)
-    # fp32: GEMMs accumulate in another order. bf16: rounded where the reference rounds, but dx
-    # and the weight gradients are summed in fp32 before the one rounding the reference does twice.
-    tol = dict(atol=2e-5, rtol=2e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    for name, a, b in zip(("y", "dx", "dw1", "dw3", "dw2"), got, want, strict=True):
-        torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    # fp32: GEMMs accumulate in another order, at the derived bound. bf16: rounded where the reference
+    # rounds, but dx and the weight gradients are summed in fp32 before the one rounding the reference
+    # does twice.
+    _assert_grouped_swiglu_close(got, want, dtype, x, w1, w3, w2, offsets, grad)
     if measures[0] is not None:
         itemsize, per_core = x.element_size(), hidden // lnc
         fwd, bwd, wgrad = (m.footprint("sbuf") for m in measures)
@@ -177,8 +188,8 @@ def test_grouped_swiglu_kernels_with_partial_chunks():
     with runner(TWIN) as kernels:
         x, w1, w3, w2, offsets, grad = _experts(torch.float32, (200, 57), 640, 1280, seed=11)
         got, _ = _run_grouped_swiglu(kernels, 2, x, w1, w3, w2, offsets, grad)
-    for a, b in zip(got, _reference(x, w1, w3, w2, offsets, grad), strict=True):
-        torch.testing.assert_close(a, b, atol=3e-5, rtol=3e-5)
+    want = _reference(x, w1, w3, w2, offsets, grad)
+    _assert_grouped_swiglu_close(got, want, torch.float32, x, w1, w3, w2, offsets, grad)
 
 
 def _instructions(counts, dim, hidden, lnc=2):

@@ -2,8 +2,16 @@
 
 torchtitan's main branch broke 0.3.0's API within days of the release; when users ask for the next
 torchtitan (or torch), these seams are what breaks, and nowhere else: a test
-(``tests/test_private_upstream_names.py``) fails if a private upstream name is used outside this file,
-and each seam has its own test against the installed versions (``packages/common/tests/test_compat.py``).
+(``test_private_upstream_names_live_in_compat_only`` in ``tests/test_layering.py``) fails if a private
+upstream name is used outside this file, and each seam has its own test against the installed versions
+(``packages/common/tests/test_compat.py``).
+
+One kind of private name is not a seam but part of an upstream class's design, so it is used in the
+subclass, not here: the hooks a torchtitan class leaves for its subclasses, which torchtitan's own
+subclasses override (``TorchFTCheckpointManager`` overrides ``CheckpointManager._save`` and ``_load``).
+A subclass may override, and call on ``self`` or ``super()``, exactly the hooks :data:`SUBCLASS_HOOKS`
+lists for a class it derives from; every other private name stays here. The list is checked against the
+installed torchtitan like a seam, so a hook renamed upstream fails that test rather than a run.
 
 At import the installed versions are checked (from the package metadata: nothing is imported):
 torchtitan must be :data:`TORCHTITAN`, the only API these seams were written against; a torch outside
@@ -76,6 +84,26 @@ def check_versions() -> None:
 
 
 check_versions()
+
+
+# -- hooks upstream classes leave for their subclasses ---------------------------------------------
+
+SUBCLASS_HOOKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        # save()/load() check `enable` once, then call _save/_load; _save writes when _should_save says so.
+        "torchtitan.components.checkpoint.CheckpointManager": ("_save", "_load", "_should_save"),
+    }
+)
+"""The private hooks a subclass of each upstream class ('module.Class') may override and call."""
+
+
+def subclass_hooks() -> dict[type, tuple[str, ...]]:
+    """:data:`SUBCLASS_HOOKS` with each class imported from the installed torchtitan."""
+    hooks = {}
+    for target, names in SUBCLASS_HOOKS.items():
+        module, name = target.rsplit(".", 1)
+        hooks[getattr(importlib.import_module(module), name)] = names
+    return hooks
 
 
 # -- the CPU device ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The one base class for mistakes in what the user gave us.
+"""The base class for mistakes in what the user gave us, and its subclass for checkpoints we will not read.
 
 Every such error carries a one-line message that names the culprit (file, key,
 flag) and what was expected. The ``train`` launcher recognises these when a rank
@@ -9,3 +9,7 @@ line instead of a distributed traceback.
 
 class UserInputError(ValueError):
     pass
+
+
+class CheckpointError(UserInputError):
+    """A model directory or checkpoint we will not read; the message names the file and key."""

@@ -1,22 +1,68 @@
-"""Config functions of the hf-v5 backend: ``--module qwen3_titan_hf_v5 --config NAME``.
+"""Config functions of the hf-v5 backend: ``--module qwen3_titan_hf_v5 --config NAME``, and the trainer.
 
 Every function takes no arguments and returns an ``HFv5Trainer.Config`` built by common's
 ``build_trainer_config`` (data, optimizer, schedule, checkpoints and HF export identical to
 the native backend's, with the same run shapes, so losses compare); torchtitan's CLI flags
-are applied on top (``--training.steps 5``), plus ``--hf_v5.attention`` and
-``--hf_v5.untie_embeddings``.
+are applied on top (``--training.steps 5``).
+
+``HFv5Trainer`` is ``Qwen3Trainer`` plus this backend's own flags, the ``hf_v5`` section:
+
+    --hf_v5.attention {sdpa,flex}   sdpa (default) on every device; flex on CUDA only
+    --hf_v5.untie_embeddings        train separate embedding and lm_head from a tied model
+
+Everything else (HF directories in and out, data, optimizer, checkpoints) is
+``Qwen3Trainer``'s, so the flags are the native backend's plus these two. (torchtitan lists
+the lower-case public callables here as config functions; the classes are not among them.)
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Literal
 
 # Helpers are imported under private names: torchtitan lists every public callable
 # of this module as a config function in its "not found" error.
 from qwen3_titan_common.assets import debug_moe_architecture as _debug_moe_architecture
 from qwen3_titan_common.assets import default_architecture as _default_architecture
 from qwen3_titan_common.train.config_functions import BackendConfigs as _BackendConfigs
+from qwen3_titan_common.train.trainer import Qwen3Trainer as _Qwen3Trainer
 
-from qwen3_titan_hf_v5.model_spec import hf_v5_model_spec as _hf_v5_model_spec
-from qwen3_titan_hf_v5.trainer import HFv5Trainer
+from qwen3_titan_hf_v5.model import hf_v5_model_spec as _hf_v5_model_spec
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class HFv5Options:
+    attention: Literal["sdpa", "flex"] = "sdpa"
+    """Attention kernel: sdpa (Neuron, CUDA, CPU) or flex (CUDA only)."""
+
+    untie_embeddings: bool = False
+    """Train lm_head apart from the embedding even if config.json ties them (export keeps lm_head)."""
+
+
+class HFv5Trainer(_Qwen3Trainer):
+    @dataclasses.dataclass(kw_only=True, slots=True)
+    class Config(_Qwen3Trainer.Config):
+        hf_v5: HFv5Options = dataclasses.field(default_factory=HFv5Options)
+
+    @classmethod
+    def prepare_backend(cls, config: Config) -> None:
+        """The parallelisms this backend does not implement, refused before anything is written (the
+        model's ``update_from_config`` refuses them too, for a config built by hand)."""
+        from qwen3_titan_common.errors import UserInputError
+
+        from qwen3_titan_hf_v5.parallelize import check_parallelism
+
+        try:
+            check_parallelism(config.parallelism)
+        except ValueError as err:
+            raise UserInputError(str(err)) from None
+
+    @classmethod
+    def cuda_graph_blocker(cls, config: Config) -> str | None:
+        if config.hf_v5.attention == "flex":
+            return "--hf_v5.attention flex: transformers builds the flex block mask on the host at every step"
+        return None
+
 
 _CONFIGS = _BackendConfigs("hf-v5", _hf_v5_model_spec, HFv5Trainer)
 

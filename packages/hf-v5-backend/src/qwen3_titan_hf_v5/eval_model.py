@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.eval_models import randomly_initialised
 from qwen3_titan_common.hf.model_dir import HFModelDir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
 
-from qwen3_titan_hf_v5.model_spec import hf_v5_model_spec
+from qwen3_titan_hf_v5.model import hf_v5_model_spec
 from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
 
 

@@ -11,6 +11,9 @@ modelling code runs unchanged. Around it, what torchtitan's Trainer asks of a mo
 With tied embeddings, transformers makes ``lm_head.weight`` and
 ``model.embed_tokens.weight`` one ``Parameter``; it stays one parameter through sharding
 (see ``parallelize.py``), training and export.
+
+``hf_v5_model_spec`` is the torchtitan ``ModelSpec`` of the model shaped by a ``config.json``: this
+model, its parallelize function and its state-dict adapter.
 """
 
 from __future__ import annotations
@@ -21,19 +24,22 @@ from typing import Any, Literal
 
 import torch
 import torch.nn as nn
-from qwen3_titan_common.arch.architecture import architecture_from_config
+from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
-from qwen3_titan_common.models.init import INIT_STD, residual_init_std
 from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
+from qwen3_titan_common.models.qwen3 import INIT_STD, residual_init_std
 from qwen3_titan_common.models.routing import RoutingRecord
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
+from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
 from torchtitan.protocols.model import BaseModel
+from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
 
 from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS
 from qwen3_titan_hf_v5.lora import init_adapter_parameter, inject_lora
-from qwen3_titan_hf_v5.parallelize import check_parallelism
+from qwen3_titan_hf_v5.parallelize import check_parallelism, parallelize_hf_v5
+from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
@@ -281,3 +287,16 @@ _NORMAL_INIT_SUFFIXES = (
     "mlp.experts.down_proj",
     "lm_head.weight",
 )
+
+
+def hf_v5_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
+    """``arch.source`` is the config.json transformers builds the model from."""
+    return ModelSpec(
+        name="hf_v5",
+        flavor=flavor,
+        model=HFCausalLM.Config(hf_config=dict(arch.source), flops=FlopsConvention(arch)),
+        parallelize_fn=reducing_over_gloo_with_sum(parallelize_hf_v5),
+        pipelining_fn=None,
+        post_optimizer_build_fn=None,
+        state_dict_adapter=HFv5StateDictAdapter,
+    )

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 from qwen3_titan_common.compat import hf_storage_reader_with_aliases
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import EMBED, LM_HEAD
-from qwen3_titan_common.models.state_dict_adapter import with_shard_index
+from qwen3_titan_common.models.qwen3 import with_shard_index
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.protocols.state_dict_adapter import StateDictAdapter
@@ -60,7 +60,7 @@ def fuse_experts(prefix: str, experts: dict[int, dict[str, torch.Tensor]]) -> di
 class HFv5StateDictAdapter(StateDictAdapter):
     def __init__(self, model_config, hf_assets_path: str | None):
         # The shard index only where there is one: torchtitan warns about every folder without (see
-        # qwen3_titan_common.models.state_dict_adapter); the path itself stays for its HF reader.
+        # qwen3_titan_common.models.qwen3.with_shard_index); the path itself stays for its HF reader.
         super().__init__(model_config, with_shard_index(hf_assets_path))
         self.hf_assets_path = hf_assets_path
         self.tied = model_config.tie_word_embeddings

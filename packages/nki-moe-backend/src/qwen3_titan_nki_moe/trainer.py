@@ -4,7 +4,8 @@
 
     --kernels {auto,reference,nki}   auto: NKI on Trainium, reference elsewhere (default)
 
-Before anything is built (and before distributed init), ``__init__``
+On the run's resolved config (``--hf.model_dir``'s architecture in it), before anything is written
+and before distributed init, ``prepare_backend``
 
 1. expands bare-module ``--override.imports`` entries and adds the backend's kernel
    overrides for components the list leaves unclaimed (``override_imports``);
@@ -38,9 +39,9 @@ class NkiMoETrainer(Qwen3Trainer):
         """Kernel implementations: auto (NKI on Trainium where the shape rules hold, reference
         elsewhere), reference, or nki (fail unless every NKI kernel can run)."""
 
-    def __init__(self, config: Config):
+    @classmethod
+    def prepare_backend(cls, config: Config) -> None:
         prepare_kernels(config)
-        super().__init__(config)
 
     @classmethod
     def cuda_graph_blocker(cls, config: Config) -> str | None:
@@ -57,29 +58,13 @@ class NkiMoETrainer(Qwen3Trainer):
         return f"the routed experts' reference kernel reads each expert's row count on the host ({how})"
 
 
-def _effective_model_config(config) -> object:
-    """The config as the run will build it: ``--hf.model_dir``'s architecture replaces the default."""
-    if not (config.hf.model_dir and config.model_spec_builder):
-        return config
-    from qwen3_titan_common.arch.architecture import read_architecture
-    from qwen3_titan_common.hf.start import absolute
-
-    try:
-        arch = read_architecture(absolute(config.hf.model_dir))
-    except Exception:
-        return config  # Qwen3Trainer reports a bad or missing directory itself, in its own words
-    import dataclasses
-
-    return dataclasses.replace(config, model_spec=config.model_spec_builder(arch, config.model_spec.flavor))
-
-
 def prepare_kernels(config) -> dict[str, registry.Choice]:
     """Steps 1-4 of the module docstring; raises with a one-line message on a bad request."""
     imports, lines = override_imports.expand(config.override.imports)
     imports, more = override_imports.complete(imports, KERNEL_OVERRIDES)
     for line in lines + more:
         logger.info(line)
-    shape = constraints.kernel_shape(_effective_model_config(config))
+    shape = constraints.kernel_shape(config)
     # After the expansion: a user's module registers its ops when imported, and is logged too.
     chosen = registry.choose_all(config.kernels, shape)
     config.override.imports = override_imports.pass_kwargs(

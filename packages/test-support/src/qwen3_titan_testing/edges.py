@@ -17,9 +17,6 @@ from pathlib import Path
 
 # What a user must never see for an input error: a Python traceback, torchrun's failure report.
 FORBIDDEN = ("Traceback (most recent call last)", "ChildFailedError", "Root Cause (first observed failure)")
-# What a run may write into its dump folder even when it fails: its log, torchrun's per-rank logs,
-# and the lock naming the running process (docs/reliability.md).
-RUN_LOG_PATHS = ("logs", ".train.lock")
 
 
 def _digest(path: Path) -> str:
@@ -55,11 +52,6 @@ def changes(
     created = [p for p in after.keys() - before.keys()]
     deleted = [p for p in before.keys() - after.keys()]
     return sorted(p for p in (*changed, *created, *deleted) if not ok(p))
-
-
-def run_log_paths(dump_folder: Path) -> tuple[Path, ...]:
-    """The dump folder itself and the paths a failed run may leave in it (its log and lock)."""
-    return (dump_folder, *(dump_folder / name for name in RUN_LOG_PATHS))
 
 
 @dataclass(frozen=True)
@@ -107,3 +99,55 @@ def on_small_filesystem(
         + f"exec {shlex.join(command)}"
     )
     return ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+
+
+def checks_in_process(backend, argv: list[str]) -> int:
+    """What ``train ARGV`` checks before anything is written, in this process: the launcher's own
+    checks (``cli.launch.run`` up to torchrun), then rank 0's (``Qwen3Trainer.checked``, on the config
+    torchtitan parses from the rank's command line), ending as the launcher ends an input error.
+
+    torchtitan is imported once for many cases this way; the path from a rank's error through torchrun
+    to the launcher's line is run end to end by the ``test_reliability_ranks`` and ``test_bad_inputs`` tests.
+    """
+    import os
+    import sys
+
+    from qwen3_titan_common.cli.dry_run import parse_run_config
+    from qwen3_titan_common.cli.launch import run
+    from qwen3_titan_common.cli.plan import check_config_name, check_model_dir, plan_launch
+    from qwen3_titan_common.errors import UserInputError
+    from qwen3_titan_common.runtime.dump_lock import hold_in_rank
+    from qwen3_titan_common.train.trainer import Qwen3Trainer
+
+    launcher_only = {"--print-cmd", "--list-configs", "--print-sbatch", "--dry-run", "-h", "--help"}
+    if launcher_only & set(argv):
+        return run(backend, argv)
+    try:  # the launcher's own checks, in cli.launch.run's order, up to starting torchrun
+        _, plan = plan_launch(backend, argv)
+        check_config_name(plan.module, plan.config)
+        check_model_dir(plan.passthrough)
+    except UserInputError as err:
+        print(f"train: {err}", file=sys.stderr)
+        return 2
+    # Rank 0 of the planned job: its command line and torchrun's variables.
+    program, sys.argv = sys.argv, ["torchtitan/train.py", *plan.titan_args()]
+    saved = dict(os.environ)
+    os.environ.update(
+        {"WORLD_SIZE": str(plan.world_size), "LOCAL_WORLD_SIZE": str(plan.nproc_per_node), "RANK": "0",
+         "LOCAL_RANK": "0"}
+    )  # fmt: skip
+    try:
+        config = parse_run_config(plan)
+        if isinstance(config, Qwen3Trainer.Config):
+            _, config = Qwen3Trainer.checked(config)
+            lock = hold_in_rank(config.dump_folder)  # what the rank does next
+            if lock is not None:
+                lock.release()
+    except UserInputError as err:
+        print(f"train: {err}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = program
+        os.environ.clear()
+        os.environ.update(saved)
+    return 0

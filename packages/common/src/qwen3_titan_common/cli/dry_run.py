@@ -4,16 +4,31 @@ torchtitan's fake process group ("fake_backend" comm mode) lets rank 0 of an N-r
 job build its device meshes, shard the model (FSDP2 / TP / EP as the backend's
 parallelize function does) and report what it would hold, with no accelerator and
 no weights: the model stays on the meta device, so a 4B or 30B shape costs nothing.
+
+Before that, the run's config is parsed as a rank parses it and goes through the checks every rank
+runs first (``Qwen3Trainer``'s ``run_config``, ``train.preflight.check_run`` and the backend's
+``prepare_backend``): a dry run refuses what the run would refuse. A job planned for other machines
+lists what it could not confirm on this one (weights not downloaded here, this disk's free space).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import os
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from qwen3_titan_common.cli.plan import LaunchError, LaunchPlan
+from qwen3_titan_common.cli.supervise import error_from_output, parser_error
+from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+
+# Flags a dry run adds: rank 0 of the job on torchtitan's fake process group, nothing compiled.
+DRY_RUN_FLAGS = ("--comm.mode", "fake_backend", "--compile.no-enable")
 
 GIB = 1024**3
 
@@ -87,9 +102,87 @@ def fake_rank_env(plan: LaunchPlan) -> None:
     )
 
 
-def dry_run(plan: LaunchPlan, config, pending: tuple[str, ...] = ()) -> int:
-    """Lay out and shard rank 0 of ``plan`` with ``config`` (parsed and checked by ``cli.launch_checks``
-    after :func:`fake_rank_env`). ``pending``: what the checks could not confirm on this machine."""
+def parse_run_config(plan: LaunchPlan, extra_flags: tuple[str, ...] = ()) -> Any:
+    """torchtitan's config for this launch, parsed as a rank parses it; a rejected flag is one line.
+
+    torchtitan's parser (tyro) prints its errors as a box on stderr and exits; that text is kept
+    from the terminal and its message becomes the LaunchError. Warnings printed while parsing are
+    the ranks' to print, so they are dropped here.
+    """
+    from qwen3_titan_common.runtime.device_autoload import ensure_installed
+
+    ensure_installed()
+    from torchtitan.config import ConfigManager
+
+    captured = io.StringIO()
+    try:
+        with redirect_stdout(captured), redirect_stderr(captured):
+            return ConfigManager().parse_args([*plan.titan_args(), *extra_flags])
+    except UserInputError:
+        raise
+    except SystemExit:
+        text = captured.getvalue()
+        message = error_from_output(text.splitlines()) or parser_error(text, plan.titan_args())
+        raise LaunchError(
+            message or "the command line did not parse (run with --help for the flags)"
+        ) from None
+    except Exception as err:  # a config function or torchtitan's validation rejected a value
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise LaunchError(f"--config {plan.config} with these flags: {reason}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def _run_config(parsed: Any, config_name: str, pending: list[str] | None) -> Any:
+    """The trainer's own ``run_config``; for a dry run, a config function's model directory that is not
+    on this machine is listed in ``pending`` and the config's built-in architecture is laid out."""
+    from qwen3_titan_common.errors import CheckpointError
+    from qwen3_titan_common.train.trainer import run_config
+
+    quiet = io.StringIO()
+    model_dir = parsed.hf.model_dir
+    try:
+        with redirect_stdout(quiet), redirect_stderr(quiet):
+            return run_config(parsed)[1]
+    except UserInputError as err:
+        missing = bool(model_dir) and not Path(model_dir).expanduser().exists()
+        if pending is None or not isinstance(err, CheckpointError) or not missing:
+            raise
+        pending.append(str(err))
+    except (ValueError, AssertionError) as err:
+        # torchtitan validates the config again once the model directory's architecture is in it.
+        raise LaunchError(f"--config {config_name} with these flags: {_first_line(err)}") from None
+    without = dataclasses.replace(parsed, hf=dataclasses.replace(parsed.hf, model_dir=None))
+    with redirect_stdout(quiet), redirect_stderr(quiet):
+        return run_config(without)[1]
+
+
+def checked_config(plan: LaunchPlan) -> tuple[Any, list[str]]:
+    """The run's config as rank 0 of ``plan`` resolves and checks it, and what this machine could not
+    confirm; raises a one-line UserInputError."""
+    from qwen3_titan_common.train.preflight import check_run
+    from qwen3_titan_common.train.trainer import Qwen3Trainer
+    from qwen3_titan_common.train.validation import with_validation_data
+
+    parsed = parse_run_config(plan, DRY_RUN_FLAGS)
+    if not isinstance(parsed, Qwen3Trainer.Config):
+        return parsed, []  # another package's config (--module): its own trainer checks it
+    pending: list[str] = []
+    # Qwen3Trainer.checked, for a job of plan.world_size ranks whose weights may be elsewhere.
+    config = with_validation_data(_run_config(parsed, plan.config, pending))
+    check_run(config, plan.world_size, deferred=pending)
+    quiet = io.StringIO()
+    with redirect_stdout(quiet), redirect_stderr(quiet):
+        Qwen3Trainer.for_config(config).prepare_backend(config)
+    return config, pending
+
+
+def dry_run(plan: LaunchPlan) -> int:
+    """Lay out and shard rank 0 of ``plan`` after every check its ranks would run."""
+    fake_rank_env(plan)
+    config, pending = checked_config(plan)
     import torch
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.parallel_dims import ParallelDims

@@ -15,14 +15,13 @@ import sys
 import time
 
 from qwen3_titan_common.cli.config_names import list_config_functions
-from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
-from qwen3_titan_common.cli.interrupts import interrupted, notice_interrupts
-from qwen3_titan_common.cli.plan import Backend, check_config_name, check_model_dir, plan_launch
-from qwen3_titan_common.cli.run_summary import print_summary, summary_file, user_command
-from qwen3_titan_common.cli.start_run import start_run
-from qwen3_titan_common.cli.supervise import SHOW_TRACEBACK_ENV
+from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends, uv_parent_command
+from qwen3_titan_common.cli.interrupts import interrupted, notice_interrupts, raise_if_interrupted
+from qwen3_titan_common.cli.plan import Backend, LaunchPlan, check_config_name, check_model_dir, plan_launch
+from qwen3_titan_common.cli.supervise import run_torchrun, torchrun_executable
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.train.summary import COMMAND_ENV
+from qwen3_titan_common.train.rank_errors import COMMAND_ENV, SHOW_TRACEBACK_ENV
+from qwen3_titan_common.train.summary import RunSummary, summary_lines
 
 
 def _list_configs(module: str) -> int:
@@ -58,19 +57,11 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             from qwen3_titan_common.cli.sbatch import print_sbatch
 
             return print_sbatch(backend, opts, plan, argv)
-        # The run's config, parsed once, and every check that needs no rank, before torchrun starts.
         if opts.dry_run:
-            return start_run(backend, plan, dry_run=True, show_traceback=opts.show_traceback)
-        started = time.monotonic()
-        with summary_file() as summary_env:
-            # The command as typed, for the exports' model cards (train.run_card).
-            typed = {COMMAND_ENV: shlex.join(user_command(argv))}
-            returncode = start_run(
-                backend, plan, show_traceback=opts.show_traceback, extra_env={**summary_env, **typed}
-            )
-            if returncode == 0:
-                print_summary(summary_env, argv, started)
-        return returncode
+            from qwen3_titan_common.cli.dry_run import dry_run
+
+            return dry_run(plan)
+        return _train(plan, argv, show_traceback=opts.show_traceback)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
@@ -89,6 +80,35 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def user_command(argv: list[str]) -> list[str]:
+    """The command the user typed: ``uv run ... train ...`` as uv received it, else ``train ...``."""
+    return uv_parent_command() or ["train", *argv]
+
+
+def _train(plan: LaunchPlan, argv: list[str], *, show_traceback: bool) -> int:
+    """torchrun, its ranks checking everything before they write, then the summary rank 0 left."""
+    started = time.monotonic()
+    command = user_command(argv)
+    # The command as typed, for the exports' model cards (train.run_card).
+    env = {**os.environ, **plan.env_updates, COMMAND_ENV: shlex.join(command)}
+    raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
+    returncode, summary = run_torchrun(
+        [torchrun_executable(), *plan.command()[1:]],
+        env,
+        shown_env=plan.env_updates,
+        show_tracebacks=show_traceback,
+    )
+    if summary is not None:
+        _print_summary(summary, command, time.monotonic() - started)
+    return returncode
+
+
+def _print_summary(summary: RunSummary, command: list[str], wall_seconds: float) -> None:
+    python = ["uv", "run", "python"] if command[0] == "uv" else [sys.executable]
+    for line in summary_lines(summary, command=command, python=python, wall_seconds=wall_seconds):
+        print(f"[train] {line}", flush=True)
 
 
 def _interrupted_before_any_rank() -> int:

@@ -14,10 +14,8 @@ import argparse
 import os
 import shlex
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.elastic import restart_env_updates, torchrun_flags
@@ -33,10 +31,7 @@ class Backend:
     distribution: str  # e.g. "native-backend"
     module: str  # the torchtitan --module, e.g. "qwen3_titan_native"
     default_config: str = "debug"
-    # Backend-specific checks before any rank starts, on the run's config as the launcher parsed it
-    # (``cli.launch_checks``): config -> one-line error, or None.
-    preflight: Callable[[Any], str | None] | None = None
-    # "module:function" building this backend's model for `eval --backend` (hf.eval_models.EvalModelBuilder).
+    # "module:function" building this backend's model for `eval --backend` (hf.eval_models).
     eval_model: str | None = None
 
 
@@ -86,6 +81,18 @@ class LaunchPlan:
     def shell_line(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_updates.items())
         return (env + " " if env else "") + shlex.join(self.command())
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag VALUE`` or ``flag=VALUE`` in a raw command line (the last one wins, as in
+    argparse): the backend is chosen from ``--config`` before it is known which parser applies."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -108,7 +108,7 @@ def render_sbatch(job: SbatchJob) -> str:
         "",
         "# torchrun's c10d rendezvous, hosted by the agent on the allocation's first node for the whole job.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"rdzv_port=${{QWEN3_TITAN_RDZV_PORT:-{RDZV_PORT}}}",
+        f"rdzv_port=${{MASTER_PORT:-{RDZV_PORT}}}",
         "",
         "# With a --time limit Slurm sends USR1 shortly before it: requeue instead of ending, and resume.",
         'trap \'echo "[slurm] time limit near: requeueing job $SLURM_JOB_ID"; scontrol requeue "$SLURM_JOB_ID"\' USR1',

@@ -1,41 +1,52 @@
-"""Runs torchrun, streams its output, keeps all of it in the run's log, and ends every failure in one line.
+"""Runs torchrun, streams its output, keeps all of it in the run's log, and ends it in one line.
 
-torchrun is started before the launcher's checks end, its ranks held at the launch gate
-(``runtime.launch_gate``); :class:`SupervisedRun` either lets them go and follows the run, or stops
-them, having written nothing, when a check failed.
+The launcher checks nothing a rank checks: it starts torchrun at once, and each rank runs every check
+before it writes anything (``train.preflight``). What the user sees of a failed run is what happened
+before it failed, then one ``train:`` line: a rank's input error, an interruption (with the step reached
+and the newest complete checkpoint), or an internal error with where the full log is. The line comes from
+torchelastic's own error file, which torchrun fills from the first rank to fail (``train.rank_errors``
+records it there), else from the failing rank's output (torchtitan's parser, a traceback, a signal).
 
-What the user sees of a failed run is what happened before it failed, then one ``train:`` line: a
-rank's input error (our ``...Error: message``, or torchtitan's parser box), an interruption (with the
-step reached and the newest complete checkpoint), or an internal error with where the full log is.
-A rank's traceback and torchrun's failure report are held back from the terminal from the first line
-of them; they stay in the log file (``QWEN3_TITAN_SHOW_TRACEBACK=1`` or ``--show-traceback`` shows
-them live). Held lines are shown after all if training goes on (a step line follows) or succeeds.
+A rank that stops prints one ``[stopped]`` line before the rest of its failure on the same stream, so
+that line and everything after it, and torchrun's failure report, are held back from the terminal
+whatever order the processes' output arrives in; they stay in the log file (``--show-traceback`` or
+``QWEN3_TITAN_SHOW_TRACEBACK=1`` shows them live). A traceback that no ``[stopped]`` line announced (a
+library's, printed while training goes on) is held until a later step shows that training went on.
+
+Each local rank's own output (torchrun's ``--log-dir``) and the run's log start in a temporary folder:
+nothing is written where the run writes until its rank says, once its checks passed, where that is
+(``run.json``). Then the log moves to ``<dump_folder>/logs/train-<time>.log`` and, at the end, the ranks'
+logs to ``<dump_folder>/logs/ranks/``.
 
 Exit codes: 0 done, 2 input error, 1 internal error, 130 interrupted (SIGINT, SIGTERM or SIGHUP).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from qwen3_titan_common.runtime.error_channel import ErrorChannel
-from qwen3_titan_common.runtime.launch_gate import LaunchGate
+from qwen3_titan_common.train.rank_errors import RUN_FILE, SHOW_TRACEBACK_ENV, STOPPED, USER_ERROR
+from qwen3_titan_common.train.summary import SUMMARY_FILE, RunSummary
 
-SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 1, 130
 # How long torchrun gets to stop its ranks after an interruption before they are killed.
 STOP_GRACE_S = 60.0
+LOG_DIR = "logs"
+ROOT_CAUSE_FILE = "root_cause.json"  # torchrun's own TORCHELASTIC_ERROR_FILE: the first failure's
 
 
 def torchrun_executable() -> str:
@@ -43,8 +54,8 @@ def torchrun_executable() -> str:
     return str(beside_python) if beside_python.exists() else "torchrun"
 
 
-# A rank that dies of one of our input errors prints `qwen3_titan_...XxxError: message`
-# at the end of its traceback (only our modules' classes are module-qualified there).
+# A rank that dies of one of our input errors outside the trainer (a config function) prints
+# `qwen3_titan_...XxxError: message` at the end of its traceback.
 _USER_ERROR_LINE = re.compile(r"(?:^|[\s:])(?:qwen3_titan_[\w.]*|neuron_qwen3[\w.]*)\.(\w*Error): (.+)$")
 _RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+")
 _TRACEBACK_START = re.compile(r"^Traceback \(most recent call last\):")
@@ -109,57 +120,105 @@ class ErrorSummary:
 
 
 def error_from_output(lines: Iterable[str]) -> str | None:
-    """The user-facing error in some output (a rank's, or torchtitan's parser's), or None."""
+    """The user-facing error in some output (a rank's, or torchtitan's parser's box), or None."""
     summary = ErrorSummary()
     for line in lines:
         summary.feed(line)
     return summary.message
 
 
-@dataclass(frozen=True)
-class RunContext:
-    """Where a supervised run keeps its logs and checkpoints (from the run's parsed config)."""
+_RULE = re.compile(r"^\s*-{20,}\s*$")
+# tyro's "Error parsing <where>: " before a message that names its flag itself.
+_SECTION_PREFIX = re.compile(r"^Error parsing (?:[\w.-]+: (?=--)|(?=--[\w.-]+: ))")
 
-    log_path: Path  # the whole output of the run, as the terminal would have shown it
-    rank_log_dir: Path  # torchrun --log-dir: each local rank's own stdout/stderr
-    checkpoint_folder: Path
-    show_tracebacks: bool = False
+
+def parser_error(text: str, argv: list[str] | None = None) -> str | None:
+    """The message of tyro's error panel as printed without a terminal: a title, a rule, the message,
+    a rule, then sections such as "Perhaps you meant:"; the message is rejoined into one line."""
+    lines = text.splitlines()
+    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
+    if len(rules) < 2:
+        return None
+    message = " ".join(line.strip() for line in lines[rules[0] + 1 : rules[1]] if line.strip())
+    message = _SECTION_PREFIX.sub("", message)
+    if message.startswith("Unrecognized options:"):
+        unknown = [u.strip() for u in message.split(":", 1)[1].split(",")]
+        typed = [a for a in argv or [] if any(u and (a == u or a.endswith("=" + u)) for u in unknown)]
+        message = f"{', '.join(typed or unknown)}: not a flag of this config"
+        if any("=" in a and a.split("=", 1)[1] in ("True", "False", "true", "false") for a in typed):
+            message += " (booleans are written --section.name or --section.no-name, without =)"
+        after = lines[rules[1] :]
+        at = next((i for i, line in enumerate(after) if "Perhaps you meant" in line), None)
+        if at is not None:
+            hint = next((line.split()[0] for line in after[at + 1 :] if line.strip().startswith("--")), None)
+            if hint:
+                message += f"; perhaps you meant {hint}"
+    return message
 
 
 class _Console:
-    """Shows lines live, except a failure's traceback and torchrun's report, which only the log gets."""
+    """Shows lines live, except what a failure prints (module docstring), which only the log gets.
 
-    def __init__(self, log: TextIO | None, show_all: bool):
-        self.log, self.show_all = log, show_all
-        self.holding = False
+    Until the run's rank says where its dump folder is, the log is kept in memory: nothing is written
+    there before the rank's checks passed.
+    """
+
+    def __init__(self, show_all: bool):
+        self.show_all = show_all
+        self.log: TextIO | None = None
+        self.pending: list[str] | None = []  # the log's lines before it has a file
+        self.stopped = False  # a rank said it stops, or torchrun reported a failure: hold to the end
+        self.holding = False  # a traceback nobody announced: held until training goes on
         self.held: list[str] = []
         self.last_step = 0  # the newest step line shown
 
-    def hold(self) -> None:
-        self.holding = True
+    def open_log(self, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.log = open(path, "a", buffering=1)  # noqa: SIM115 (closed by close())
+            self.log.writelines(self.pending or [])
+        except OSError:  # its disk is full: the run goes on, and its last line says why it stopped
+            self.log = None
+        self.pending = None
 
-    def line(self, line: str) -> None:
+    def close(self, fallback: Path | None = None) -> Path | None:
+        """Close the log; a log still in memory goes to ``fallback``. Where it is, or None."""
+        if self.pending is not None and fallback is not None:
+            self.open_log(fallback)
+            where = fallback if self.log is not None else None
+        else:
+            where = Path(self.log.name) if self.log is not None else None
         if self.log is not None:
             try:
+                self.log.close()
+            except OSError:
+                pass
+        return where
+
+    def line(self, line: str) -> None:
+        if self.pending is not None:
+            self.pending.append(line)
+        elif self.log is not None:
+            try:
                 self.log.write(line)
-            except OSError:  # its disk is full: the run goes on, and its last line says why it stopped
+            except OSError:
                 self.log = None
         if self.show_all:
             self._show(line)
             return
         text = _RANK_PREFIX.sub("", line)
-        if not self.holding and (
-            _TRACEBACK_START.match(text) or _TORCHRUN_FAILURE.match(text) or "╭─" in text
-        ):
+        if text.startswith(STOPPED) or _TORCHRUN_FAILURE.match(text):
+            self.stopped = True
+        elif not self.holding and (_TRACEBACK_START.match(text) or "╭─" in text):
             self.holding = True
         step = _STEP_LINE.search(text)
         # Training went on: what was held was not a failure. The line of the step in progress can come
-        # after a failure's traceback (stdout and stderr interleave), so only a later step releases.
-        if self.holding and step and int(step.group(1)) > self.last_step + 1:
+        # after a traceback (stdout and stderr interleave), so only a later step releases.
+        if self.holding and not self.stopped and step and int(step.group(1)) > self.last_step + 1:
             self.release()
-        if step and not self.holding:
+        if step and not (self.holding or self.stopped):
             self.last_step = int(step.group(1))
-        if self.holding:
+        if self.holding or self.stopped:
             self.held.append(line)
         else:
             self._show(line)
@@ -201,30 +260,46 @@ def _kill_leftovers(pids: list[int]) -> None:
 
 
 class _Interruption:
-    """Forwards the first SIGINT/SIGTERM/SIGHUP to torchrun (which stops its ranks) and remembers it."""
+    """Forwards the first SIGINT/SIGTERM/SIGHUP to torchrun (which stops its ranks) and remembers it.
+
+    Installed before torchrun starts. torchrun that has started no rank yet is killed instead: it may
+    be importing torch, which can swallow the signal, and there is nothing of it to stop gracefully.
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self, proc: subprocess.Popen, console: _Console):
-        self.proc, self.console = proc, console
+    def __init__(self, console: _Console):
+        self.console = console
+        self.proc: subprocess.Popen | None = None
         self.signum: int | None = None
         self.ranks: list[int] = []
         self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        if self.signum is not None:
+            proc.kill()
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:
             return  # torchrun is already stopping its ranks; a second signal would cut that short
         self.signum = signum
+        self.console.stopped = True
+        if self.proc is None:
+            return
         self.ranks = _descendants(self.proc.pid)
-        self.console.hold()
         if self.proc.poll() is None:
-            self.proc.send_signal(signum)
+            if self.ranks:
+                self.proc.send_signal(signum)
+            else:
+                self.proc.kill()
         # If torchrun does not stop its ranks in time, end them all (their output pipe closes with them).
         timer = threading.Timer(STOP_GRACE_S, self._force)
         timer.daemon = True
         timer.start()
 
     def _force(self) -> None:
+        assert self.proc is not None
         _kill_leftovers([*self.ranks, *_descendants(self.proc.pid), self.proc.pid])
 
     def restore(self) -> None:
@@ -232,30 +307,73 @@ class _Interruption:
             signal.signal(s, handler)
 
 
-def _rank_error(rank_log_dir: Path, local_rank: int | None) -> str | None:
-    """The user error in a rank's own log: ranks other than 0 are not echoed to the terminal."""
-    logs = sorted(rank_log_dir.glob("*/attempt_*/*/stderr.log"), key=lambda p: p.stat().st_mtime)
-    if local_rank is not None:
-        logs = [p for p in logs if p.parent.name == str(local_rank)] + logs
-    for path in logs:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class _RankFiles:
+    """What torchrun and the ranks leave in torchrun's ``--log-dir``: per rank
+    ``<run id>/attempt_<n>/<local rank>/`` with its output, torchelastic's ``error.json``, and from
+    ``train.rank_errors`` ``run.json`` and (rank 0) the summary; torchrun's root cause beside them."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _newest(self, name: str) -> Path | None:
+        found = sorted(self.folder.glob(f"*/attempt_*/*/{name}"), key=lambda p: p.stat().st_mtime)
+        return found[-1] if found else None
+
+    def run_folders(self) -> dict | None:
+        path = self._newest(RUN_FILE)
         try:
-            message = error_from_output(path.read_text(errors="replace").splitlines())
-        except OSError:
-            continue
-        if message is not None:
-            return message
-    return None
+            return json.loads(path.read_text()) if path is not None else None
+        except (OSError, ValueError):
+            return None
+
+    def summary(self) -> RunSummary | None:
+        path = self._newest(SUMMARY_FILE)
+        return RunSummary.read(path) if path is not None else None
+
+    def root_cause(self) -> str | None:
+        """The first failing rank's recorded message (torchrun copied its error file), or None."""
+        try:
+            data = json.loads((self.folder / ROOT_CAUSE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        message = data.get("message")
+        if isinstance(message, dict):
+            message = message.get("message")
+        return message if isinstance(message, str) else None
+
+    def output_error(self, local_rank: int | None, argv: list[str]) -> str | None:
+        """The user error in a rank's own output: ranks other than 0 are not echoed to the terminal."""
+        logs = sorted(self.folder.glob("*/attempt_*/*/stderr.log"), key=lambda p: p.stat().st_mtime)
+        if local_rank is not None:
+            logs = [p for p in logs if p.parent.name == str(local_rank)] + logs
+        for path in logs:
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            message = error_from_output(text.splitlines()) or parser_error(text, argv)
+            if message is not None:
+                return message
+        return None
 
 
-def _interrupted_line(summary: ErrorSummary, context: RunContext | None) -> str:
+def _interrupted_line(summary: ErrorSummary, checkpoint_folder: Path | None) -> str:
     from qwen3_titan_common.hf.start import newest_complete_step
 
     where = f"at step {summary.last_step}" if summary.last_step is not None else "before the first step"
-    newest = newest_complete_step(context.checkpoint_folder) if context is not None else None
+    newest = newest_complete_step(checkpoint_folder) if checkpoint_folder is not None else None
     if newest is None:
         return f"interrupted {where}; no complete checkpoint yet: rerunning the same command starts over"
     return (
-        f"interrupted {where}; newest complete checkpoint: step {newest} ({context.checkpoint_folder}); "
+        f"interrupted {where}; newest complete checkpoint: step {newest} ({checkpoint_folder}); "
         "rerun the same command to resume"
     )
 
@@ -267,127 +385,121 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def _failure_line(summary: ErrorSummary, context: RunContext | None, returncode: int) -> str:
-    where = f"; the full log is in {context.log_path}" if context is not None else ""
-    show = (
-        f" ({SHOW_TRACEBACK_ENV}=1 shows it here)"
-        if context is not None and not context.show_tracebacks
-        else ""
-    )
+def _failure_line(
+    summary: ErrorSummary, log_path: Path | None, show_tracebacks: bool, returncode: int, recorded: str | None
+) -> str:
+    where = f"; the full log is in {log_path}" if log_path is not None else ""
+    show = f" ({SHOW_TRACEBACK_ENV}=1 shows it here)" if not show_tracebacks else ""
     code = summary.cause_exitcode
     rank = f"rank {summary.cause_rank}" if summary.cause_rank is not None else "a rank"
     if code is not None and code < 0:
         name = _signal_name(-code)
         oom = " (out of memory?)" if -code == signal.SIGKILL else ""
         return f"{rank} was killed by {name}{oom}{where}{show}"
-    if summary.last_exception is not None:
-        return f"internal error in {rank}: {summary.last_exception}{where}{show}"
+    exception = recorded or summary.last_exception
+    if exception is not None:
+        return f"internal error in {rank}: {(exception.splitlines() or [''])[0]}{where}{show}"
     return f"torchrun exited with status {returncode}{where}{show}"
 
 
-class SupervisedRun:
-    """torchrun, started early with its ranks held at the launch gate (``runtime.launch_gate``), then
-    either let go and followed to the end (:meth:`follow`) or stopped before any rank wrote (:meth:`abort`).
+def run_torchrun(
+    command: list[str],
+    env: dict[str, str],
+    *,
+    shown_env: dict[str, str] | None = None,
+    show_tracebacks: bool = False,
+) -> tuple[int, RunSummary | None]:
+    """Run ``command`` (torchrun) to the end: its exit code, ended by one line unless 0, and the summary
+    rank 0 left (None when it left none: another node, or a run that did not finish)."""
+    scratch = Path(tempfile.mkdtemp(prefix="qwen3-titan-run-"))
+    rank_logs = scratch / "ranks"
+    at = command.index("-m")
+    command = [*command[:at], "--log-dir", str(rank_logs), *command[at:]]
+    files = _RankFiles(rank_logs)
+    rank_logs.mkdir()
+    show_all = show_tracebacks or bool(os.environ.get(SHOW_TRACEBACK_ENV))
+    env = {**env, "TORCHELASTIC_ERROR_FILE": str(rank_logs / ROOT_CAUSE_FILE)}
+    env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in (shown_env or {}).items())
+    print(f"[train] {env_line + ' ' if env_line else ''}{shlex.join(command)}", file=sys.stderr, flush=True)
+    console = _Console(show_all)
+    interruption = _Interruption(console)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        start_new_session=True,
+    )  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
 
-    torchrun runs in a session of its own: a terminal's Ctrl-C reaches only the launcher, which forwards
-    it once. Its output is read from the start, by a thread, so that nothing blocks while the launcher
-    checks; the lines wait in a queue until :meth:`follow` shows and logs them.
-    """
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
 
-    def __init__(self, command: list[str], env: dict[str, str], *, gated: bool = True):
-        self.command = command
-        self.channel = ErrorChannel()
-        self.gate = LaunchGate() if gated else None
-        extra = {**self.channel.env(), **(self.gate.env() if self.gate else {})}
-        self.proc = subprocess.Popen(
-            command, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            bufsize=1, start_new_session=True,
-        )  # fmt: skip
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def abort(self) -> None:
-        """Stop torchrun and its ranks, which are still at the gate: nothing of theirs is shown or kept."""
-        ranks = _descendants(self.proc.pid)
-        if self.gate is not None:
-            self.gate.close()
-        if self.proc.poll() is None:
+    interruption.attach(proc)
+    threading.Thread(target=read, daemon=True).start()
+    console.line(f"[train] {shlex.join(command)}\n")
+    summary = ErrorSummary()
+    folders: dict | None = None
+    next_look = 0.0
+    try:
+        while True:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _kill_leftovers([*ranks, *_descendants(self.proc.pid), self.proc.pid])
-            self.proc.wait()
-        _kill_leftovers([p for p in ranks if _alive(p)])
-        self.channel.close()
-
-    def follow(self, context: RunContext | None = None) -> int:
-        """Let the ranks go, show and log the run, and end it with its exit code and, on failure, one line."""
-        show_all = bool(os.environ.get(SHOW_TRACEBACK_ENV)) or (
-            context is not None and context.show_tracebacks
-        )
-        log = None
-        if context is not None:
-            context.log_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(context.log_path, "a", buffering=1)  # noqa: SIM115 (closed below, after the run)
-            log.write(f"[train] {shlex.join(self.command)}\n")
-        console = _Console(log, show_all)
-        summary = ErrorSummary()
-        interruption = _Interruption(self.proc, console)
-        if self.gate is not None:
-            self.gate.open()
-        try:
-            while (line := self.lines.get()) is not None:
+                line = lines.get(timeout=0.5)
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if line:
                 console.line(line)
                 summary.feed(line)
-            returncode = self.proc.wait()
-            reported = self.channel.messages()
-        finally:
-            interruption.restore()
-            self.channel.close()
-            if self.gate is not None:
-                self.gate.shutdown()
-            if log is not None:
-                try:
-                    log.close()
-                except OSError:
-                    pass
-        sys.stdout.flush()
-        if interruption.signum is not None:
-            _kill_leftovers([p for p in interruption.ranks if _alive(p)])
-            print(f"train: {_interrupted_line(summary, context)}", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        if returncode == 0:
-            console.release()
-            return 0
-        # The first rank to report is the root cause; the others stopped because it did.
-        message = reported[0][1] if reported else summary.message
-        if message is None and context is not None:
-            message = _rank_error(context.rank_log_dir, summary.cause_local_rank)
+            if folders is None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + 0.5
+                folders = files.run_folders()
+                if folders is not None:
+                    stamp = time.strftime("%Y%m%d-%H%M%S")
+                    console.open_log(Path(folders["dump_folder"]) / LOG_DIR / f"train-{stamp}.log")
+        returncode = proc.wait()
+    finally:
+        interruption.restore()
+    sys.stdout.flush()
+    folders = folders or files.run_folders()
+    checkpoint_folder = Path(folders["checkpoint_folder"]) if folders else None
+    run_summary = files.summary() if returncode == 0 else None
+    if interruption.signum is not None:
+        _kill_leftovers([p for p in interruption.ranks if _alive(p)])
+        log_path = console.close()
+        if not interruption.ranks:
+            line = "train: interrupted before any rank started; nothing was written"
+        else:
+            line = f"train: {_interrupted_line(summary, checkpoint_folder)}"
+        code = EXIT_INTERRUPTED
+    elif returncode == 0:
+        console.release()
+        log_path = console.close()
+        line, code = None, 0
+    else:
+        recorded = files.root_cause()
+        message = recorded[len(USER_ERROR) :] if recorded and recorded.startswith(USER_ERROR) else None
+        if message is None and recorded is None:
+            message = summary.message or files.output_error(summary.cause_local_rank, command)
         if message is not None:
-            print(f"train: {message}", file=sys.stderr)
-            return EXIT_INPUT
-        print(f"train: {_failure_line(summary, context, returncode)}", file=sys.stderr)
-        return EXIT_INTERNAL
+            log_path = console.close()
+            line, code = f"train: {message}", EXIT_INPUT
+        else:
+            log_path = console.close(fallback=scratch / "train.log")
+            line = f"train: {_failure_line(summary, log_path, show_all, returncode, recorded)}"
+            code = EXIT_INTERNAL
+    if folders is not None:
+        _keep(rank_logs, Path(folders["dump_folder"]) / LOG_DIR / "ranks")
+    if log_path is None or not log_path.is_relative_to(scratch):
+        shutil.rmtree(scratch, ignore_errors=True)
+    if line is not None:
+        print(line, file=sys.stderr)
+    return code, run_summary
 
 
-def run_and_summarise(command: list[str], env: dict[str, str], context: RunContext | None = None) -> int:
-    """Run ``command`` (torchrun) to the end, ungated: the supervised run without early start."""
-    return SupervisedRun(command, env, gated=False).follow(context)
-
-
-def _alive(pid: int) -> bool:
+def _keep(source: Path, destination: Path) -> None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        shutil.copytree(source, destination, dirs_exist_ok=True)
+    except OSError:
+        pass  # a full disk: the run's own log says what happened

@@ -27,10 +27,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import expected_hf_shapes
-from qwen3_titan_common.hf.export import _replace_dir, check_free_space
-from qwen3_titan_common.hf.export_guard import write_export_marker
+from qwen3_titan_common.hf.export import _replace_dir, check_free_space, write_export_marker
 from qwen3_titan_common.models.lora import LoRAParams
 
 # peft.utils.CONFIG_NAME and SAFETENSORS_WEIGHTS_NAME, spelled out (a test checks them against peft's)

@@ -10,7 +10,6 @@ own builder in its ``Backend.eval_model`` (``"module:function"``), built the way
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -18,19 +17,6 @@ import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.hf.model_dir import HFModelDir
 from qwen3_titan_common.hf.titan_load import cover_tokens, load_titan_model
-
-
-class EvalModelBuilder(Protocol):
-    def __call__(
-        self,
-        arch: Qwen3Architecture,
-        weights: HFModelDir | None,
-        *,
-        dtype: torch.dtype,
-        seq_len: int,
-        seed: int,
-        routing_recorded: bool = False,
-    ) -> nn.Module: ...
 
 
 def randomly_initialised(build: Callable[[], nn.Module], *, seed: int, dtype: torch.dtype) -> nn.Module:

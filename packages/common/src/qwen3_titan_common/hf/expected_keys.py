@@ -7,7 +7,7 @@ a checkpoint can be checked against it before any weight is read.
 from __future__ import annotations
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 
 LM_HEAD = "lm_head.weight"
 EMBED = "model.embed_tokens.weight"

@@ -1,11 +1,12 @@
-"""Writes a complete Hugging Face model directory, shard by shard, atomically.
+"""Writes a complete Hugging Face model directory, shard by shard, atomically, and only where it may.
 
-The files are planned first, from the shapes the export will receive (see
-``shard_plan.py``); tensors then arrive one at a time (a trainer gathers each from its
-shards) and each file is written as soon as its last tensor has arrived, so host
-memory stays at the model plus one file. Everything goes to a hidden temporary
-directory beside the target, which is renamed into place only when complete: a
-killed export never leaves a directory that looks loadable.
+The files are planned first, from the shapes the export will receive (:func:`plan_shards`:
+huggingface_hub's split, the one ``save_pretrained`` uses, run on meta tensors, so the file
+names, the index and the total size are known before a trainer gathers the first tensor from
+its shards); tensors then arrive one at a time and each file is written as soon as its last
+tensor has arrived, so host memory stays at the model plus one file. Everything goes to a
+hidden temporary directory beside the target, which is renamed into place only when complete:
+a killed export never leaves a directory that looks loadable.
 
 Beside the weights an export holds what inference reads: config.json, the tokenizer
 (its ``model_max_length`` the model's ``max_position_embeddings``) and a
@@ -13,6 +14,13 @@ Beside the weights an export holds what inference reads: config.json, the tokeni
 ``generate`` at the chat template's end of turn as well as at EOS. Every file and the
 directory get the modes the user's umask gives new files, so that other users of a
 shared filesystem can load what one user's job wrote.
+
+No export ever replaces what the user owns. Exports go to ``<export root>/step-N``. Each completed
+export carries :data:`EXPORT_MARKER`, written into its temporary directory as the last file before
+the rename that completes it; an existing ``step-N`` is replaced only when it carries the marker
+(:func:`check_replaceable`). Before training, the export root is checked as a whole
+(:func:`check_export_root`): it must not be, hold or lie inside the model directory being trained or
+the checkpoint folder, and if it exists it may hold nothing but this project's exports.
 """
 
 from __future__ import annotations
@@ -20,25 +28,24 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from huggingface_hub import StateDictSplit
+from huggingface_hub import StateDictSplit, split_torch_state_dict_into_shards
 from huggingface_hub.constants import CONFIG_NAME, SAFETENSORS_INDEX_FILE
 from safetensors.torch import save_file
 
 from qwen3_titan_common.arch.architecture import architecture_from_config
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, check_keys, expected_hf_shapes
-from qwen3_titan_common.hf.export_guard import check_replaceable, write_export_marker
 from qwen3_titan_common.hf.model_card import CARD_NAME
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG, TOKENIZER_FILES
-from qwen3_titan_common.hf.shard_plan import index_json, plan_shards
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 
@@ -91,6 +98,120 @@ class ExportSpec:
     # The source model's own generation_config.json when it is not in assets_dir (a model directory without
     # tokenizer files exports the run's tokenizer, but still its generation settings).
     generation_config: Path | None = None
+
+
+# Where an export may be written (see the module docstring).
+EXPORT_MARKER = ".qwen3-titan-export.json"
+# What this project writes in an export root: model exports (step-N), and a LoRA run's adapters
+# (adapter-step-N) and the frozen base they apply to (base).
+_OWN_DIR = re.compile(r"^(step-\d+|adapter-step-\d+|base)$")
+# Leftovers of this project's own exports that were killed (this module and adapter.py name them so).
+_OWN_LEFTOVER = re.compile(r"^\.(step-\d+|adapter-step-\d+|base)\.(partial|old)-\d+$")
+
+
+class ExportTargetError(CheckpointError):
+    """An export would write over something this project did not write."""
+
+
+def is_completed_export(directory: Path) -> bool:
+    return (directory / EXPORT_MARKER).is_file()
+
+
+def write_export_marker(directory: Path, files: list[str]) -> None:
+    record = {"written_by": "qwen3-titan", "complete": True, "files": sorted(files)}
+    (directory / EXPORT_MARKER).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """An existing export target must be a completed export of ours; called right before writing."""
+    if out_dir.exists() and not (out_dir.is_dir() and is_completed_export(out_dir)):
+        raise ExportTargetError(
+            f"{out_dir}: exists and is not an export this project wrote (no {EXPORT_MARKER}); it is left "
+            "untouched: move it away or pass another --hf.export_dir"
+        )
+
+
+def _related(a: Path, b: Path) -> str | None:
+    if a == b:
+        return "is"
+    if b in a.parents:
+        return "lies inside"
+    if a in b.parents:
+        return "contains"
+    return None
+
+
+def check_export_root(
+    root: Path, *, shown: str, model_dir: Path | None, checkpoint_dir: Path, dump_folder: Path
+) -> None:
+    """Refuse an export root that would overwrite or mix with what the user owns; reads only, creates nothing.
+
+    ``shown`` is how the message names the root (the flag, or the default under --dump_folder).
+    """
+    root = root.expanduser().resolve()
+    if model_dir is not None:
+        model_dir = model_dir.expanduser().resolve()
+        relation = _related(root, model_dir)
+        if relation is not None:
+            raise ExportTargetError(
+                f"{shown} {root}: {relation} the model directory being trained (--hf.model_dir {model_dir}); "
+                "an export there could replace its files: pass another --hf.export_dir"
+            )
+        relation = _related(dump_folder.expanduser().resolve(), model_dir)
+        if relation in ("is", "lies inside"):
+            raise ExportTargetError(
+                f"--dump_folder {dump_folder}: {relation} the model directory being trained "
+                f"(--hf.model_dir {model_dir}); checkpoints and exports must not go into it: pass another --dump_folder"
+            )
+    checkpoint_dir = checkpoint_dir.expanduser().resolve()
+    relation = _related(root, checkpoint_dir)
+    if relation is not None:
+        raise ExportTargetError(
+            f"{shown} {root}: {relation} the checkpoint folder {checkpoint_dir}; exports and step checkpoints "
+            "share step-N names there: pass another --hf.export_dir"
+        )
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise ExportTargetError(f"{shown} {root}: is a file, not a directory; pass a directory for exports")
+    foreign = sorted(
+        entry.name
+        for entry in root.iterdir()
+        if not (
+            (_OWN_DIR.match(entry.name) and entry.is_dir() and is_completed_export(entry))
+            or _OWN_LEFTOVER.match(entry.name)
+        )
+    )
+    if foreign:
+        listed = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        raise ExportTargetError(
+            f"{shown} {root}: an existing directory holding files this project did not write ({listed}); "
+            "exports go only to a new or empty directory or one holding earlier exports of this project: "
+            "pass another --hf.export_dir"
+        )
+
+
+# Which tensor goes to which file, decided from the shapes alone (meta tensors), before any tensor exists.
+def plan_shards(
+    shapes: Mapping[str, Sequence[int]], dtype: torch.dtype, max_shard_bytes: int
+) -> StateDictSplit:
+    """Files of at most ``max_shard_bytes`` (a larger tensor gets a file of its own), in ``shapes`` order."""
+    meta = {key: torch.empty(tuple(shape), dtype=dtype, device="meta") for key, shape in shapes.items()}
+    return split_torch_state_dict_into_shards(meta, max_shard_size=max_shard_bytes)
+
+
+def index_json(plan: StateDictSplit, shapes: Mapping[str, Sequence[int]]) -> str:
+    """``model.safetensors.index.json`` as transformers' ``save_pretrained`` writes it.
+
+    transformers 5 adds ``total_parameters`` to huggingface_hub's ``total_size`` and
+    sorts the keys; readers only need the ``weight_map``.
+    """
+    total_parameters = sum(torch.Size(shape).numel() for shape in shapes.values())
+    index = {
+        "metadata": {"total_parameters": total_parameters, **plan.metadata},
+        "weight_map": plan.tensor_to_filename,
+    }
+    return json.dumps(index, indent=2, sort_keys=True) + "\n"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -9,10 +9,9 @@ from pathlib import Path
 from huggingface_hub.constants import PYTORCH_WEIGHTS_NAME, SAFETENSORS_INDEX_FILE, SAFETENSORS_SINGLE_FILE
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
-from qwen3_titan_common.hf.dtypes import TRAINABLE, torch_name
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.remote import remote_model_message
-from qwen3_titan_common.hf.safetensors_header import TensorEntry, read_header
+from qwen3_titan_common.hf.safetensors_header import TRAINABLE, TensorEntry, read_header, torch_name
 
 # huggingface_hub names the weight files; these it does not.
 TOKENIZER_FILES = (

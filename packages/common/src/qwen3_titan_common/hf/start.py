@@ -16,8 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.model_dir import HFModelDir, open_model_dir
 
@@ -80,10 +79,6 @@ def plan_start(
             model_dir=opened,
         )
     return StartPoint("random", "no checkpoint and no --hf.model_dir: starting from random initialisation")
-
-
-def architecture_for(start: StartPoint, default: Qwen3Architecture) -> Qwen3Architecture:
-    return start.model_dir.architecture if start.model_dir is not None else default
 
 
 def absolute(path: str | os.PathLike) -> str:

@@ -5,6 +5,10 @@ checkpoint tools that compare against it. We build ``Qwen3Model.Config`` from :c
 checkpoint's ``config.json``) rather than from torchtitan's flavor table, with per-document
 attention on every layer (``models.attention``): torchtitan's block-causal Flex on CUDA, SDPA with a
 document mask elsewhere (Flex has no CPU backward, and SDPA is what Neuron runs).
+
+Also here, because the hf-v5 backend's model shares them: the random initialisation every backend's
+Qwen3 starts from (:data:`INIT_STD`, :func:`residual_init_std`), and the state-dict adapter's
+``hf_assets_path`` rule (:func:`with_shard_index`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn as nn
+from huggingface_hub.constants import SAFETENSORS_INDEX_FILE
 from torchtitan.components.optimizer import register_moe_load_balancing_hook
 from torchtitan.distributed.pipeline_parallel import pipeline_llm
 from torchtitan.models.common import CosSinRoPE, Embedding, Linear
@@ -31,6 +37,7 @@ from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.param_init import skip_param_init
 from torchtitan.models.qwen3 import parallelize_qwen3
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
+from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
 from torchtitan.protocols.model_spec import ModelSpec
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
@@ -42,12 +49,18 @@ from qwen3_titan_common.models.attention import (
     inner_attention_config,
 )
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
-from qwen3_titan_common.models.init import INIT_STD, residual_init_std
 from qwen3_titan_common.models.routing import record_routing, recording_router_config
-from qwen3_titan_common.models.state_dict_adapter import Qwen3TitanStateDictAdapter
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
 from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
+
+# Random initialisation shared by every backend's Qwen3 (hf-v5's too), so their models start alike.
+INIT_STD = 0.02
+
+
+def residual_init_std(num_layers: int) -> float:
+    """Std of the projections that write into the residual stream (scaled down with depth)."""
+    return INIT_STD / (2 * num_layers) ** 0.5
 
 
 def _normal(std: float) -> Callable:
@@ -240,6 +253,29 @@ def titan_qwen3_model_config(
         ),
         layers=[_layer(arch, attention) for _ in range(arch.num_hidden_layers)],
     )
+
+
+def with_shard_index(hf_assets_path: str | None) -> str | None:
+    """``hf_assets_path`` if it holds a safetensors shard index, else None.
+
+    torchtitan's ``StateDictAdapter.__init__`` reads ``hf_assets_path/model.safetensors.index.json`` to lay
+    out the HF checkpoints torchtitan itself would save (``--checkpoint.last_save_in_hf``), and warns when the
+    file is absent. ``hf_assets_path`` is the tokenizer folder of every run that does not start from a sharded
+    checkpoint, so the warning came with every default run while saying nothing about it: our exports plan
+    their own shards (``hf.export.plan_shards``). The path itself is kept, for torchtitan's other reader of it.
+    """
+    if hf_assets_path and (Path(hf_assets_path) / SAFETENSORS_INDEX_FILE).is_file():
+        return hf_assets_path
+    return None
+
+
+class Qwen3TitanStateDictAdapter(Qwen3StateDictAdapter):
+    """torchtitan's Qwen3 state-dict adapter, told about ``hf_assets_path``'s shard index only when it has one."""
+
+    def __init__(self, model_config, hf_assets_path: str | None):
+        super().__init__(model_config, with_shard_index(hf_assets_path))
+        # torchtitan loads HF weights from here when no initial_load_path is given.
+        self.hf_assets_path = hf_assets_path
 
 
 def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:

@@ -1,18 +1,16 @@
 """One training job per dump folder at a time: an OS file lock, released by the OS when its holder exits.
 
 Two jobs writing one folder would both resume from (or both start) the same checkpoints and overwrite
-each other's. The lock is ``<dump_folder>/.train.lock``, held with ``flock`` for the whole run by the
-``train`` launcher (or, without it, by rank 0). A holder that dies, even by SIGKILL, releases it, so a
-stale file never blocks a rerun.
+each other's. The lock is ``<dump_folder>/.train.lock``, held with ``flock`` by rank 0 for the whole run,
+taken once its checks passed. A holder that dies, even by SIGKILL, releases it, so a stale file never
+blocks a rerun.
 
-A job of several nodes has one launcher per node, all writing the same folder on a shared filesystem
-(the rank that saves each part of a checkpoint is torchtitan's business). They share the lock: the
-first holds it shared and writes the job's identity into the file (the rendezvous endpoint and id, which
-every launcher of one job is given), and a launcher that finds the lock held joins only when it reads
-its own job there. A single-node run holds the lock exclusively. The file names the holder (job, host,
-PID) so a refused run can say who it is waiting for; whether that holder is alive is the OS's call (the
-lock is released when it exits), never a PID looked up on this host, which means nothing on a shared
-filesystem.
+A job of several nodes writes one folder on a shared filesystem, and its rank 0 holds the lock for all of
+them. It holds it shared, with the job's identity in the file (torchrun's run id, ``--rdzv-id``), so that the rank 0 of the same job restarted elsewhere by torchrun joins
+while a host that died still holds its share, and any other job is refused. A single-node run holds the
+lock exclusively. The file names the holder (job, host, PID) so a refused run can say who it is waiting
+for; whether that holder is alive is the OS's call (the lock is released when it exits), never a PID
+looked up on this host, which means nothing on a shared filesystem.
 """
 
 from __future__ import annotations
@@ -27,10 +25,8 @@ from pathlib import Path
 from qwen3_titan_common.errors import UserInputError
 
 LOCK_NAME = ".train.lock"
-# Set by the launcher for its ranks: the folder is already locked, by their parent.
-HELD_ENV = "QWEN3_TITAN_DUMP_LOCK_HELD"
-# A first launcher of a job holds the lock exclusively for the moment it writes the job's identity;
-# another launcher of the job that comes then retries this long before it says the folder is busy.
+# The first rank 0 of a job holds the lock exclusively for the moment it writes the job's identity; a
+# restarted rank 0 of the job that comes then retries this long before it says the folder is busy.
 JOIN_WAIT_SECONDS = 5.0
 
 
@@ -78,17 +74,20 @@ def busy_message(folder: Path, holder: str) -> str:
     )
 
 
-def job_identity(nnodes: int, rdzv_endpoint: str, rdzv_id: str | None) -> str | None:
-    """What every launcher of one multi-node job shares, and another job does not: the rendezvous
-    (endpoint and id). None for a single-node run, whose launcher is alone."""
-    if nnodes <= 1:
+def job_identity() -> str | None:
+    """What every rank of one multi-node job shares, and another job does not: torchrun's run id (its
+    ``--rdzv-id``, "a user-defined id that uniquely identifies the worker group for a job", which stays
+    across restarts while the rendezvous' address may not). None for a single-node run, which holds the
+    lock alone."""
+    env = os.environ
+    if int(env.get("WORLD_SIZE", "1")) <= int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))):
         return None
-    return f"{rdzv_endpoint}/{rdzv_id or 'none'}"
+    return env.get("TORCHELASTIC_RUN_ID", "none")
 
 
 class DumpFolderLock:
     """Held from :meth:`acquire` until :meth:`release` or the process exits. ``job``: the identity of a
-    multi-node job (:func:`job_identity`), whose launchers share the lock; None: held alone."""
+    multi-node job (:func:`job_identity`), whose rank 0 may join it after a restart; None: held alone."""
 
     def __init__(self, folder: str | os.PathLike, job: str | None = None):
         self.folder = Path(folder)
@@ -117,15 +116,15 @@ class DumpFolderLock:
         f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": self.job}) + "\n")
         f.flush()
         if self.job is not None:
-            # Shared from now on, for the job's other launchers. flock converts by unlocking first: a
-            # launcher of another job may take the lock in between, and then this one is the one refused.
+            # Shared from now on, for the job's own rank 0 after a restart. flock converts by unlocking first: a
+            # rank of another job may take the lock in between, and then this one is the one refused.
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise DumpFolderBusy(busy_message(self.folder, describe_holder(_read_holder(f)))) from None
 
     def _join(self, f) -> None:
-        """The lock is held: share it when the holder is this launcher's own job, else refuse."""
+        """The lock is held: share it when the holder is this rank's own job, else refuse."""
         deadline = time.monotonic() + (JOIN_WAIT_SECONDS if self.job is not None else 0.0)
         while True:
             holder = _read_holder(f)
@@ -153,10 +152,9 @@ class DumpFolderLock:
 
 
 def hold_in_rank(folder: str | os.PathLike) -> DumpFolderLock | None:
-    """Rank 0 of a run started without the launcher (upstream ``torchrun ... -m torchtitan.train``)
-    takes the lock itself; under the launcher, which holds it already, no rank does."""
-    if os.environ.get(HELD_ENV) or os.environ.get("RANK", "0") != "0":
+    """Rank 0 takes the lock for the job; the other ranks do not."""
+    if os.environ.get("RANK", "0") != "0":
         return None
-    lock = DumpFolderLock(folder)
+    lock = DumpFolderLock(folder, job_identity())
     lock.acquire()
     return lock

@@ -32,7 +32,7 @@ from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
 from qwen3_titan_common.hf.start import newest_complete_step
 from qwen3_titan_common.perf.progress import Phase
@@ -105,16 +105,19 @@ class Qwen3CheckpointManager(CheckpointManager):
         self.model_record = config.model_record
         self.checkpoint_bytes = checkpoint_bytes(model_parts)
 
-    def save(self, curr_step: int, last_step: bool = False) -> bool:
-        if not (self.enable and not self.load_only and (last_step or curr_step % self.interval == 0)):
-            return super().save(curr_step, last_step)
+    # torchtitan's public save()/load() check `enable` once and then call these two hooks, which its own
+    # subclasses override (torchtitan.experiments.torchft); whether a step is saved is its `_should_save`.
+
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        if not self._should_save(curr_step, last_step):
+            return False
         folder = Path(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
         check_free_space(folder, self.checkpoint_bytes, f"checkpoint of step {curr_step}")
         if self.model_record is not None and _is_writer():
             write_model_record(folder, self.model_record)
         try:
-            return super().save(curr_step, last_step)
+            return super()._save(curr_step, last_step)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # DCP's CheckpointException is a BaseException
@@ -124,12 +127,11 @@ class Qwen3CheckpointManager(CheckpointManager):
                 ) from None
             raise
 
-    def load(self, step: int = -1) -> bool:
-        # The public entry point (upstream's guard runs in super().load); its `_load` hook is private.
+    def _load(self, step: int = -1) -> bool:
         # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
         # a line every 5 s says it is still going.
         with Phase("loading the checkpoint before step 1"):
-            loaded = super().load(step)
+            loaded = super()._load(step)
         if loaded:
             bad = first_non_finite(self.export_model_parts)
             if bad is not None:

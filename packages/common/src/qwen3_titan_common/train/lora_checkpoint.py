@@ -33,8 +33,8 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.compat import without_checkpoint_wrapper
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.adapter import AdapterDir, AdapterSpec, peft_key, write_adapter_dir
-from qwen3_titan_common.hf.errors import CheckpointError
 from qwen3_titan_common.models.lora import LoRAParams, adapter_key, base_weight_name
 from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager, _local_numel
 
@@ -217,9 +217,9 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
 
     # -- continuing from an adapter --------------------------------------------------------------
 
-    def load(self, step: int = -1) -> bool:
+    def _load(self, step: int = -1) -> bool:
         try:
-            loaded = super().load(step)
+            return super()._load(step)
         except (RuntimeError, CheckpointException) as err:
             # DCP's message when this run's adapters are not in the step checkpoint it resumes.
             if "Missing key in checkpoint state_dict" in str(err) and "lora_" in str(err):
@@ -228,6 +228,11 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
                     "wrote them): resume that run without --lora.*, or pass another --dump_folder"
                 ) from None
             raise
+
+    def load(self, step: int = -1) -> bool:
+        # --lora.adapter is loaded with --checkpoint.enable false too, where torchtitan's load() never calls
+        # `_load`: so it follows the public method, whose guard still runs first (super().load).
+        loaded = super().load(step)
         if self.lora is not None and self.lora.initial_adapter is not None:
             self._load_adapter(self.lora.initial_adapter)
         return loaded

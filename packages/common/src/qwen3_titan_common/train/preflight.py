@@ -18,8 +18,7 @@ import torch
 
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
-from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
-from qwen3_titan_common.hf.export_guard import check_export_root
+from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
 from qwen3_titan_common.runtime.disk import DiskSpaceError, check_free_space, nearest_existing
 from qwen3_titan_common.runtime.writable import check_writable_dir
 from qwen3_titan_common.train.layout import Layout, resolve_layout
@@ -248,8 +247,3 @@ def check_run(config, world_size: int | None = None, *, deferred: list[str] | No
     _check_disk(config, deferred)
     _check_data(config, layout)
     return layout
-
-
-def check_before_start(config, world_size: int | None = None) -> None:
-    """The rank's call: the same checks as the launcher's."""
-    check_run(config, world_size)

@@ -1,23 +1,41 @@
-"""Failures inside a rank that are the user's to fix, turned into one-line ``UserInputError``s.
+"""How a rank ends and what it leaves for the ``train`` launcher: one-line errors, its run's folders.
 
 torchtitan and the libraries under it report a full disk, a read-only dump folder, a damaged
-safetensors file or a diverged loss as their own exceptions, deep in a traceback. The ``train``
-launcher shows the last line of a rank's ``UserInputError`` instead of that traceback, so these
-are re-raised as one, naming the path, file or step and what to do; anything else is left as it
-is (an internal error: the launcher keeps its traceback in the log).
+safetensors file or a diverged loss as their own exceptions, deep in a traceback. These are re-raised
+as one-line ``UserInputError``s naming the path, file or step and what to do; anything else is left as
+it is (an internal error).
+
+A rank that stops records why in torchelastic's own error file (``TORCHELASTIC_ERROR_FILE``, which
+torchrun sets for every rank under its ``--log-dir`` and from which it reports the first failure), and
+prints one ``[stopped]`` line before anything else of its failure, on the stream its traceback goes to:
+the launcher keeps that line and everything after it from the terminal, whatever order the processes'
+output arrives in. A user error prints no traceback at all (it stays in the error file;
+``QWEN3_TITAN_SHOW_TRACEBACK=1`` prints it). Beside the error file, the rank that holds a node's first
+local rank leaves ``run.json`` (its dump and checkpoint folders, once its checks passed) and rank 0 the
+end-of-run summary (``train.summary``), for the launcher to read after torchrun returns.
 """
 
 from __future__ import annotations
 
 import errno
+import json
+import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
-from qwen3_titan_common.runtime.error_channel import report
+
+STOPPED = "[stopped] "
+USER_ERROR = "UserInputError: "  # how torchelastic's error file begins the message of a user error
+RUN_FILE = "run.json"
+SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
+# Set by the launcher for its ranks: the command the user typed, for the exports' model cards
+# (train.run_card); its presence also says the launcher reads what the ranks leave beside their error files.
+COMMAND_ENV = "QWEN3_TITAN_COMMAND"
 
 _NON_FINITE_LOSS = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 _NOT_WRITABLE = {
@@ -74,14 +92,55 @@ def translate(error: BaseException, where: str, model_dir: str | None = None) ->
     return None
 
 
+def launcher_dir() -> Path | None:
+    """This rank's folder under torchrun's ``--log-dir`` when the ``train`` launcher reads it, else None."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not error_file or not os.environ.get(COMMAND_ENV):
+        return None
+    return Path(error_file).parent
+
+
+def leave_run_folders(dump_folder: str, checkpoint_folder: str) -> None:
+    """Where this run writes, for the launcher's log and its last line (a node's first local rank)."""
+    where = launcher_dir()
+    if where is None or os.environ.get("LOCAL_RANK", "0") != "0":
+        return
+    partial = where / (RUN_FILE + ".partial")
+    partial.write_text(json.dumps({"dump_folder": dump_folder, "checkpoint_folder": checkpoint_folder}))
+    partial.replace(where / RUN_FILE)
+
+
+_quiet: set[int] = set()  # the user errors whose traceback is not printed
+
+
+def _excepthook(kind, value, traceback, previous=sys.excepthook) -> None:
+    if id(value) in _quiet:
+        return
+    previous(kind, value, traceback)
+
+
+def _stop(error: BaseException, user_error: bool) -> None:
+    """Record ``error`` in torchelastic's error file, and say in one line that this rank stops."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    # Recorded as a plain UserInputError, so that its name says to the launcher whose it is to fix.
+    ErrorHandler().record_exception(UserInputError(str(error)) if user_error else error)
+    kind = "" if user_error else f"internal error: {type(error).__name__}: "
+    reason = (str(error).strip().splitlines() or [""])[0]
+    print(f"{STOPPED}{kind}{reason}", file=sys.stderr, flush=True)
+    if user_error and not os.environ.get(SHOW_TRACEBACK_ENV):
+        _quiet.add(id(error))
+        sys.excepthook = _excepthook
+
+
 @contextmanager
 def rank_errors(config: Callable[[], object]) -> Iterator[None]:
-    """Re-raise the user's failures as one-line errors, each also sent to the launcher
-    (``runtime.error_channel``); ``config()`` is the run's config, for its dump folder and model dir."""
+    """Re-raise the user's failures as one-line errors, and say why the rank stops (module docstring);
+    ``config()`` is the run's config, for its dump folder and model dir."""
     try:
         yield
     except UserInputError as error:
-        report(str(error))
+        _stop(error, user_error=True)
         raise
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -89,6 +148,7 @@ def rank_errors(config: Callable[[], object]) -> Iterator[None]:
         run = config()
         translated = translate(error, str(run.dump_folder), getattr(run.hf, "model_dir", None))
         if translated is None:
+            _stop(error, user_error=False)
             raise
-        report(str(translated))
+        _stop(translated, user_error=True)
         raise translated from None

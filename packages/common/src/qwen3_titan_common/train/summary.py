@@ -8,9 +8,9 @@
     [train] load:       uv run python -c "import transformers as t; ..."
 
 Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher it writes it
-as JSON to the file the launcher named (:data:`SUMMARY_FILE_ENV`), and the launcher prints it after torchrun
-and every rank have finished, with the command the user typed and the wall time; under a bare ``torchrun``
-the rank logs the same lines itself. Nothing here imports torch: the launcher reads it.
+as JSON beside its torchelastic error file (``train.rank_errors.launcher_dir``), and the launcher prints it
+after torchrun and every rank have finished, with the command the user typed and the wall time; under a bare
+``torchrun`` the rank logs the same lines itself. Nothing here imports torch: the launcher reads it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-# What the launcher tells the ranks: where rank 0 writes the summary, and the command the user typed (which
-# the exports' model cards quote, train.run_card).
-SUMMARY_FILE_ENV = "QWEN3_TITAN_SUMMARY_FILE"
-COMMAND_ENV = "QWEN3_TITAN_COMMAND"
+SUMMARY_FILE = "summary.json"
 
 
 @dataclass(frozen=True)
@@ -197,10 +194,12 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
 
 
 def report(summary: RunSummary, log) -> None:
-    """To the launcher's file when it named one, else to ``log`` (one call per line)."""
-    path = os.environ.get(SUMMARY_FILE_ENV)
-    if path:
-        summary.write(path)
+    """For the launcher to print, when one runs this rank, else to ``log`` (one call per line)."""
+    from qwen3_titan_common.train.rank_errors import launcher_dir
+
+    where = launcher_dir()
+    if where is not None:
+        summary.write(where / SUMMARY_FILE)
         return
     for line in summary_lines(summary):
         log(f"[summary] {line}")

@@ -37,7 +37,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError, UserInputError
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
@@ -51,9 +51,9 @@ from qwen3_titan_common.train.model_record import (
     schedule_of,
 )
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
-from qwen3_titan_common.train.rank_errors import rank_errors
+from qwen3_titan_common.train.rank_errors import leave_run_folders, rank_errors
 from qwen3_titan_common.train.router_balance import LMLossWithRouterBalance, MoEOptions, with_router_balance
-from qwen3_titan_common.train.run_card import run_card
+from qwen3_titan_common.train.run_card import rank_module_and_config, run_card
 from qwen3_titan_common.train.summary import report, summary_of
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
@@ -96,18 +96,13 @@ class Qwen3Trainer(Trainer):
 
     def __init__(self, config: Config):
         from qwen3_titan_common.runtime.dump_lock import hold_in_rank
-        from qwen3_titan_common.runtime.launch_gate import wait_for_launcher
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
-        from qwen3_titan_common.train.preflight import check_run
-        from qwen3_titan_common.train.validation import with_validation_data
 
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):
-            self._start, config = run_config(config)
-            config = with_validation_data(config)
-            check_run(config)
-            wait_for_launcher()  # under `train`: until the launcher's own checks passed
+            self._start, config = self.checked(config)
             self._dump_lock = hold_in_rank(config.dump_folder)
+            leave_run_folders(config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder))
             config = self.capturable(config)
             super().__init__(config)
         if isinstance(self.loss_fn, LMLossWithRouterBalance):
@@ -123,6 +118,45 @@ class Qwen3Trainer(Trainer):
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
         self.first_trained_step: int | None = None
         logger.info(describe_trainable(self.model_parts, self.optimizers))
+
+    @classmethod
+    def checked(cls, config: Config) -> tuple[StartPoint, Config]:
+        """The run's config resolved in one place (``run_config``: the architecture of
+        ``--hf.model_dir``, model spec, loss vocabulary, export plan, LoRA; then the validation data), and
+        every check on it (``train.preflight.check_run``, the backend's :meth:`prepare_backend`), before
+        anything is written. Each rank runs it first; raises a one-line UserInputError."""
+        from qwen3_titan_common.train.preflight import check_run
+        from qwen3_titan_common.train.validation import with_validation_data
+
+        try:
+            start, config = run_config(config)
+        except UserInputError:
+            raise
+        except (ValueError, AssertionError) as err:
+            # torchtitan validates the config again once the model directory's architecture is in it.
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            name = rank_module_and_config()[1] or "this config"
+            raise UserInputError(f"--config {name} with these flags: {reason}") from None
+        config = with_validation_data(config)
+        check_run(config)
+        cls.for_config(config).prepare_backend(config)
+        return start, config
+
+    @classmethod
+    def for_config(cls, config: Config) -> type[Qwen3Trainer]:
+        """The trainer class (this one or a backend's subclass) whose ``Config`` ``config`` is."""
+        stack = [cls]
+        while stack:
+            trainer = stack.pop()
+            if type(config) is trainer.Config:
+                return trainer
+            stack.extend(trainer.__subclasses__())
+        return cls
+
+    @classmethod
+    def prepare_backend(cls, config: Config) -> None:
+        """A backend's own checks and choices on the run's resolved config (``run_config``), before
+        anything is written; each rank and ``train --dry-run`` call it. Raises a one-line UserInputError."""
 
     @classmethod
     def cuda_graph_blocker(cls, config: Config) -> str | None:

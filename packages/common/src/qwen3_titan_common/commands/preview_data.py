@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_titan_common.cli.trained_text import (
+from qwen3_titan_common.commands.trained_text import (
     PreviewRow,
     dataloader_config,
     highlighted,
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.rows is not None:
-            from qwen3_titan_common.cli.preview_rows import show_rows
+            from qwen3_titan_common.commands.preview_rows import show_rows
 
             return show_rows(args, color)
         if args.records is None:

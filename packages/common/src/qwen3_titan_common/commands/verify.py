@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from qwen3_titan_common.arch.architecture import ArchitectureError
-from qwen3_titan_common.hf.errors import CheckpointError
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import expected_hf_shapes, key_problems
 from qwen3_titan_common.hf.model_dir import HFModelDir, open_model_dir
 

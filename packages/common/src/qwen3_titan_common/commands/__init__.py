@@ -1,0 +1,1 @@
+"""The console scripts beside ``train``: ``eval``, ``verify-checkpoint``, ``preview-data`` and ``preview-rows``."""

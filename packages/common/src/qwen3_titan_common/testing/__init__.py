@@ -1,0 +1,1 @@
+"""Helpers for the workspace's tests (importable from every package's tests and the root tests)."""
