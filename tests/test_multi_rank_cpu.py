@@ -1,7 +1,7 @@
 """Every backend trains with several CPU ranks (gloo), through the real launcher.
 
 FSDP2 issues its gradient reduce-scatter as ReduceOp.PREMUL_SUM, which gloo lacks; the shared
-trainer switches it to a plain sum on gloo (qwen3_titan_common.runtime.fsdp_comms). One rank never
+trainer switches it to a plain sum on gloo (qwen3_titan_common.models.fsdp_comms). One rank never
 reduces, so only a multi-rank run catches a path that misses the switch.
 """
 

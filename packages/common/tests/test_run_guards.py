@@ -10,8 +10,8 @@ import sys
 
 import pytest
 from qwen3_titan_common.assets import debug_moe_architecture, default_architecture
-from qwen3_titan_common.runtime import dump_lock
-from qwen3_titan_common.runtime.dump_lock import DumpFolderBusy, DumpFolderLock, lock_holder
+from qwen3_titan_common.train import dump_lock
+from qwen3_titan_common.train.dump_lock import DumpFolderBusy, DumpFolderLock, lock_holder
 from qwen3_titan_common.train.model_record import (
     RECORD_NAME,
     OtherModelError,
@@ -24,7 +24,7 @@ from qwen3_titan_common.train.model_record import (
 def test_a_second_lock_names_the_holder_and_a_dead_holder_releases_it(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import time; from qwen3_titan_common.runtime.dump_lock import DumpFolderLock; "
+         "import time; from qwen3_titan_common.train.dump_lock import DumpFolderLock; "
          f"lock = DumpFolderLock({str(tmp_path)!r}); lock.acquire(); print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.runtime.dump_lock import LOCK_NAME
+from qwen3_titan_common.train.dump_lock import LOCK_NAME
 from qwen3_titan_testing.processes import torchrun_worker
 
 BIN = Path(sys.executable).parent

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen3_titan_common.runtime.dump_lock import DumpFolderLock
+from qwen3_titan_common.train.dump_lock import DumpFolderLock
 from qwen3_titan_common.train.model_record import model_record, write_model_record
 from qwen3_titan_native.launch import BACKEND
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
@@ -709,7 +709,7 @@ def test_dump_folder_under_a_file(fails, tmp_path):
 def test_dump_folder_in_use_by_another_run(fails, tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from qwen3_titan_common.runtime.dump_lock import DumpFolderLock; "
+         "import sys, time; from qwen3_titan_common.train.dump_lock import DumpFolderLock; "
          f"lock = DumpFolderLock({str(tmp_path / 'out')!r}); lock.acquire(); print('held', flush=True); "
          "time.sleep(120)"],
         stdout=subprocess.PIPE, text=True,

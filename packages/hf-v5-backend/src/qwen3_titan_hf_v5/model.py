@@ -26,12 +26,12 @@ import torch
 import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
+from qwen3_titan_common.models.fsdp_comms import reducing_over_gloo_with_sum
 from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
 from qwen3_titan_common.models.qwen3 import INIT_STD, residual_init_std
 from qwen3_titan_common.models.routing import RoutingRecord
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
-from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
 from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils

@@ -112,11 +112,11 @@ def checks_in_process(backend, argv: list[str]) -> int:
     import os
     import sys
 
-    from qwen3_titan_common.cli.dry_run import parse_run_config
     from qwen3_titan_common.cli.launch import run
     from qwen3_titan_common.cli.plan import check_config_name, check_model_dir, plan_launch
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.runtime.dump_lock import hold_in_rank
+    from qwen3_titan_common.train.dry_run import parse_run_config
+    from qwen3_titan_common.train.dump_lock import hold_in_rank
     from qwen3_titan_common.train.trainer import Qwen3Trainer
 
     launcher_only = {"--print-cmd", "--list-configs", "--print-sbatch", "--dry-run", "-h", "--help"}

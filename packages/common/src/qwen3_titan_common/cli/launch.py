@@ -58,7 +58,7 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
 
             return print_sbatch(backend, opts, plan, argv)
         if opts.dry_run:
-            from qwen3_titan_common.cli.dry_run import dry_run
+            from qwen3_titan_common.train.dry_run import dry_run
 
             return dry_run(plan)
         return _train(plan, argv, show_traceback=opts.show_traceback)

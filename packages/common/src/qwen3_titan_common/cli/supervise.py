@@ -39,7 +39,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
-from qwen3_titan_common.train.rank_errors import RUN_FILE, SHOW_TRACEBACK_ENV, STOPPED, USER_ERROR
+from qwen3_titan_common.train.rank_errors import (
+    RUN_FILE,
+    SHOW_TRACEBACK_ENV,
+    STOPPED,
+    USER_ERROR,
+    parser_message,
+)
 from qwen3_titan_common.train.summary import SUMMARY_FILE, RunSummary
 
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 1, 130
@@ -71,9 +77,9 @@ _CAUSE_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 class ErrorSummary:
     """Reads a run's output and keeps what its last line needs.
 
-    A user error comes in two shapes: a rank that dies of one of our input errors ends its traceback
-    with ``qwen3_titan_...XxxError: message``; torchtitan's CLI parser (tyro) draws a box
-    (``╭─ ... │ message │ ... ╰─``) whose text, up to its ``───`` rule, is the message.
+    A rank that dies of one of our input errors outside the trainer ends its traceback with
+    ``qwen3_titan_...XxxError: message``; torchtitan's parser's message is read from the rank's own
+    output at the end (``train.rank_errors.parser_message``).
     """
 
     def __init__(self) -> None:
@@ -83,24 +89,10 @@ class ErrorSummary:
         self.cause_rank: int | None = None
         self.cause_local_rank: int | None = None
         self.cause_exitcode: int | None = None
-        self._box: list[str] | None = None
         self._in_root_cause = False
 
     def feed(self, line: str) -> None:
         text = _RANK_PREFIX.sub("", line.rstrip("\n"))
-        if "╭─" in text:
-            self._box = []
-            return
-        if self._box is not None:
-            inner = text.strip().strip("│").strip()
-            if "╰" in text or inner.startswith("───"):
-                if self._box:
-                    self.message = " ".join(self._box)
-                self._box = None
-                return
-            if inner:
-                self._box.append(inner)
-            return
         if step := _STEP_LINE.search(text):
             self.last_step = int(step.group(1))
         if match := _USER_ERROR_LINE.search(text):
@@ -120,40 +112,11 @@ class ErrorSummary:
 
 
 def error_from_output(lines: Iterable[str]) -> str | None:
-    """The user-facing error in some output (a rank's, or torchtitan's parser's box), or None."""
+    """The user-facing error in some output (a rank's), or None."""
     summary = ErrorSummary()
     for line in lines:
         summary.feed(line)
     return summary.message
-
-
-_RULE = re.compile(r"^\s*-{20,}\s*$")
-# tyro's "Error parsing <where>: " before a message that names its flag itself.
-_SECTION_PREFIX = re.compile(r"^Error parsing (?:[\w.-]+: (?=--)|(?=--[\w.-]+: ))")
-
-
-def parser_error(text: str, argv: list[str] | None = None) -> str | None:
-    """The message of tyro's error panel as printed without a terminal: a title, a rule, the message,
-    a rule, then sections such as "Perhaps you meant:"; the message is rejoined into one line."""
-    lines = text.splitlines()
-    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
-    if len(rules) < 2:
-        return None
-    message = " ".join(line.strip() for line in lines[rules[0] + 1 : rules[1]] if line.strip())
-    message = _SECTION_PREFIX.sub("", message)
-    if message.startswith("Unrecognized options:"):
-        unknown = [u.strip() for u in message.split(":", 1)[1].split(",")]
-        typed = [a for a in argv or [] if any(u and (a == u or a.endswith("=" + u)) for u in unknown)]
-        message = f"{', '.join(typed or unknown)}: not a flag of this config"
-        if any("=" in a and a.split("=", 1)[1] in ("True", "False", "true", "false") for a in typed):
-            message += " (booleans are written --section.name or --section.no-name, without =)"
-        after = lines[rules[1] :]
-        at = next((i for i, line in enumerate(after) if "Perhaps you meant" in line), None)
-        if at is not None:
-            hint = next((line.split()[0] for line in after[at + 1 :] if line.strip().startswith("--")), None)
-            if hint:
-                message += f"; perhaps you meant {hint}"
-    return message
 
 
 class _Console:
@@ -359,7 +322,7 @@ class _RankFiles:
                 text = path.read_text(errors="replace")
             except OSError:
                 continue
-            message = error_from_output(text.splitlines()) or parser_error(text, argv)
+            message = error_from_output(text.splitlines()) or parser_message(text, argv)
             if message is not None:
                 return message
         return None

@@ -49,10 +49,10 @@ from qwen3_titan_common.models.attention import (
     inner_attention_config,
 )
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
+from qwen3_titan_common.models.fsdp_comms import reducing_over_gloo_with_sum
 from qwen3_titan_common.models.routing import record_routing, recording_router_config
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
-from qwen3_titan_common.runtime.fsdp_comms import reducing_over_gloo_with_sum
 
 # Random initialisation shared by every backend's Qwen3 (hf-v5's too), so their models start alike.
 INIT_STD = 0.02

@@ -1,8 +1,10 @@
-"""Room on disk before a write, and a full disk named by its path when the write fails anyway."""
+"""Whether a run can write where it writes, decided before it writes: the directory writable, room on disk;
+and a full disk named by its path when a write fails anyway."""
 
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -76,3 +78,34 @@ def disk_full_message(path: Path, what: str) -> str:
         f"{path}: the disk filled up while writing the {what} (No space left on device); what was "
         "written of it is incomplete and will not be read: free space there, or pass another --dump_folder"
     )
+
+
+class NotWritableError(UserInputError):
+    pass
+
+
+def check_writable_dir(path: str | os.PathLike, flag: str) -> None:
+    """``path`` is a writable directory, or the nearest existing ancestor is one it can be made in.
+
+    ``os.access`` reports a read-only file system (EROFS) even to root, which permission bits do not.
+    """
+    target = Path(path).expanduser().absolute()
+    probe = target
+    while not probe.exists():
+        if probe.is_symlink():
+            raise NotWritableError(f"{flag} {path}: {probe} is a dangling symbolic link")
+        probe = probe.parent
+    if not probe.is_dir():
+        where = "is a file" if probe == target else f"cannot be created: {probe} is a file"
+        raise NotWritableError(f"{flag} {path}: {where}, not a directory; pass a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "is not writable" if probe == target else f"cannot be created: {probe} is not writable"
+        readonly = " (read-only file system)" if _read_only(probe) else ""
+        raise NotWritableError(f"{flag} {path}: {where}{readonly}; pass a directory you can write to")
+
+
+def _read_only(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False

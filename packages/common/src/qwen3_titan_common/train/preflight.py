@@ -19,8 +19,12 @@ import torch
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
-from qwen3_titan_common.runtime.disk import DiskSpaceError, check_free_space, nearest_existing
-from qwen3_titan_common.runtime.writable import check_writable_dir
+from qwen3_titan_common.runtime.disk import (
+    DiskSpaceError,
+    check_free_space,
+    check_writable_dir,
+    nearest_existing,
+)
 from qwen3_titan_common.train.layout import Layout, resolve_layout
 
 

@@ -92,6 +92,55 @@ def translate(error: BaseException, where: str, model_dir: str | None = None) ->
     return None
 
 
+_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+")
+_RULE = re.compile(r"^\s*-{20,}\s*$")
+# tyro's "Error parsing <where>: " before a message that names its flag itself.
+_SECTION_PREFIX = re.compile(r"^Error parsing (?:[\w.-]+: (?=--)|(?=--[\w.-]+: ))")
+
+
+def parser_message(text: str, argv: list[str] | None = None) -> str | None:
+    """The message of the error torchtitan's parser (tyro) printed for a rank's command line, in one
+    line, or None: in a box on a terminal (``╭─ ... │ message │ ... ╰─``, up to its ``───`` rule), else
+    a title, a rule, the message, a rule, then sections such as "Perhaps you meant:"."""
+    box = _box_message(text)
+    if box is not None:
+        return box
+    lines = text.splitlines()
+    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
+    if len(rules) < 2:
+        return None
+    message = " ".join(line.strip() for line in lines[rules[0] + 1 : rules[1]] if line.strip())
+    message = _SECTION_PREFIX.sub("", message)
+    if message.startswith("Unrecognized options:"):
+        unknown = [u.strip() for u in message.split(":", 1)[1].split(",")]
+        typed = [a for a in argv or [] if any(u and (a == u or a.endswith("=" + u)) for u in unknown)]
+        message = f"{', '.join(typed or unknown)}: not a flag of this config"
+        if any("=" in a and a.split("=", 1)[1] in ("True", "False", "true", "false") for a in typed):
+            message += " (booleans are written --section.name or --section.no-name, without =)"
+        after = lines[rules[1] :]
+        at = next((i for i, line in enumerate(after) if "Perhaps you meant" in line), None)
+        if at is not None:
+            hint = next((line.split()[0] for line in after[at + 1 :] if line.strip().startswith("--")), None)
+            if hint:
+                message += f"; perhaps you meant {hint}"
+    return message
+
+
+def _box_message(text: str) -> str | None:
+    inside: list[str] | None = None
+    for line in text.splitlines():
+        line = _RANK_PREFIX.sub("", line)
+        if "╭─" in line:
+            inside = []
+        elif inside is not None:
+            inner = line.strip().strip("│").strip()
+            if "╰" in line or inner.startswith("───"):
+                return " ".join(inside) or None
+            if inner:
+                inside.append(inner)
+    return None
+
+
 def launcher_dir() -> Path | None:
     """This rank's folder under torchrun's ``--log-dir`` when the ``train`` launcher reads it, else None."""
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")

@@ -95,8 +95,8 @@ class Qwen3Trainer(Trainer):
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
 
     def __init__(self, config: Config):
-        from qwen3_titan_common.runtime.dump_lock import hold_in_rank
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
+        from qwen3_titan_common.train.dump_lock import hold_in_rank
 
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):

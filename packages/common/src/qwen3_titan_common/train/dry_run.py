@@ -1,4 +1,4 @@
-"""``train --dry-run``: check a layout of any size on one CPU process.
+"""``train --dry-run``: rank 0 of a planned job in this process, checking a layout of any size on the CPU.
 
 torchtitan's fake process group ("fake_backend" comm mode) lets rank 0 of an N-rank
 job build its device meshes, shard the model (FSDP2 / TP / EP as the backend's
@@ -20,17 +20,30 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from qwen3_titan_common.cli.plan import LaunchError, LaunchPlan
-from qwen3_titan_common.cli.supervise import error_from_output, parser_error
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+from qwen3_titan_common.train.rank_errors import parser_message
 
 # Flags a dry run adds: rank 0 of the job on torchtitan's fake process group, nothing compiled.
 DRY_RUN_FLAGS = ("--comm.mode", "fake_backend", "--compile.no-enable")
 
 GIB = 1024**3
+
+
+class PlannedJob(Protocol):
+    """What a dry run needs of the launcher's plan (``cli.plan.PlannedJob``)."""
+
+    module: str
+    config: str
+    nproc_per_node: int
+    nnodes: int
+
+    @property
+    def world_size(self) -> int: ...
+
+    def titan_args(self) -> list[str]: ...
 
 
 @dataclass(frozen=True)
@@ -87,7 +100,7 @@ def _estimate(model, config, layout, model_config) -> MemoryEstimate:
     )
 
 
-def fake_rank_env(plan: LaunchPlan) -> None:
+def fake_rank_env(plan: PlannedJob) -> None:
     """Rank 0 of the planned job, on torchtitan's fake process group; set before the config is parsed."""
     os.environ.update(
         {
@@ -102,11 +115,11 @@ def fake_rank_env(plan: LaunchPlan) -> None:
     )
 
 
-def parse_run_config(plan: LaunchPlan, extra_flags: tuple[str, ...] = ()) -> Any:
+def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any:
     """torchtitan's config for this launch, parsed as a rank parses it; a rejected flag is one line.
 
     torchtitan's parser (tyro) prints its errors as a box on stderr and exits; that text is kept
-    from the terminal and its message becomes the LaunchError. Warnings printed while parsing are
+    from the terminal and its message becomes the UserInputError. Warnings printed while parsing are
     the ranks' to print, so they are dropped here.
     """
     from qwen3_titan_common.runtime.device_autoload import ensure_installed
@@ -122,13 +135,13 @@ def parse_run_config(plan: LaunchPlan, extra_flags: tuple[str, ...] = ()) -> Any
         raise
     except SystemExit:
         text = captured.getvalue()
-        message = error_from_output(text.splitlines()) or parser_error(text, plan.titan_args())
-        raise LaunchError(
+        message = parser_message(text, plan.titan_args())
+        raise UserInputError(
             message or "the command line did not parse (run with --help for the flags)"
         ) from None
     except Exception as err:  # a config function or torchtitan's validation rejected a value
         reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise LaunchError(f"--config {plan.config} with these flags: {reason}") from None
+        raise UserInputError(f"--config {plan.config} with these flags: {reason}") from None
 
 
 def _first_line(err: BaseException) -> str:
@@ -153,13 +166,13 @@ def _run_config(parsed: Any, config_name: str, pending: list[str] | None) -> Any
         pending.append(str(err))
     except (ValueError, AssertionError) as err:
         # torchtitan validates the config again once the model directory's architecture is in it.
-        raise LaunchError(f"--config {config_name} with these flags: {_first_line(err)}") from None
+        raise UserInputError(f"--config {config_name} with these flags: {_first_line(err)}") from None
     without = dataclasses.replace(parsed, hf=dataclasses.replace(parsed.hf, model_dir=None))
     with redirect_stdout(quiet), redirect_stderr(quiet):
         return run_config(without)[1]
 
 
-def checked_config(plan: LaunchPlan) -> tuple[Any, list[str]]:
+def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
     """The run's config as rank 0 of ``plan`` resolves and checks it, and what this machine could not
     confirm; raises a one-line UserInputError."""
     from qwen3_titan_common.train.preflight import check_run
@@ -179,7 +192,7 @@ def checked_config(plan: LaunchPlan) -> tuple[Any, list[str]]:
     return config, pending
 
 
-def dry_run(plan: LaunchPlan) -> int:
+def dry_run(plan: PlannedJob) -> int:
     """Lay out and shard rank 0 of ``plan`` after every check its ranks would run."""
     fake_rank_env(plan)
     config, pending = checked_config(plan)
@@ -190,7 +203,7 @@ def dry_run(plan: LaunchPlan) -> int:
     try:
         layout = resolve_layout(config.parallelism, plan.world_size)
     except LayoutError as err:
-        raise LaunchError(str(err)) from None
+        raise UserInputError(str(err)) from None
     print(f"[dry-run] layout: {layout.describe()}")
 
     dist_utils.init_distributed(config.comm)
