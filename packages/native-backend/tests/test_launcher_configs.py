@@ -3,7 +3,7 @@
 import shlex
 
 from qwen3_titan_common.cli.launch import run
-from qwen3_titan_native.launch import BACKEND as NATIVE
+from qwen3_titan_native import BACKEND as NATIVE
 
 RECIPE_FLAGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0"]
 

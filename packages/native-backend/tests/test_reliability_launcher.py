@@ -23,7 +23,7 @@ import pytest
 import torch
 from qwen3_titan_common.train.dump_lock import DumpFolderLock
 from qwen3_titan_common.train.model_record import model_record, write_model_record
-from qwen3_titan_native.launch import BACKEND
+from qwen3_titan_native import BACKEND
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.edges import changes, check_failure, checks_in_process, snapshot
 from safetensors.torch import load_file, save_file

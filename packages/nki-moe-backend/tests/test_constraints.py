@@ -116,7 +116,7 @@ def _precheck(argv: list[str]) -> str | None:
     from qwen3_titan_common.errors import UserInputError
     from qwen3_titan_common.train.dry_run import parse_run_config
     from qwen3_titan_common.train.trainer import Qwen3Trainer
-    from qwen3_titan_nki_moe.launch import BACKEND
+    from qwen3_titan_nki_moe import BACKEND
 
     _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
     config = parse_run_config(plan)

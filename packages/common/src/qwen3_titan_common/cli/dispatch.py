@@ -5,7 +5,8 @@ overwrite each other (uv installs whichever synced last). So they all point at o
 backend is chosen here, in this order:
 
 1. ``QWEN3_TITAN_BACKEND=NAME``;
-2. ``--module M`` naming a backend's own module;
+2. ``--module M`` naming a backend's own module (its package's ``BACKEND``, imported by that name where no
+   entry point lists it: the packages only on ``PYTHONPATH``);
 3. ``--config NAME``: the installed backend that provides NAME (its config registry, read from source by
    ``config_names``; with ``--module neuron_qwen3``, the backend registering the recipe name). Names are
    unique across backends but for the tiny ones (``debug``, ``debug_moe``); when several installed backends
@@ -36,6 +37,18 @@ def installed_backends() -> dict[str, Backend]:
         backend = entry.load()
         found[backend.distribution] = backend
     return dict(sorted(found.items()))
+
+
+def declared_backend(module: str) -> Backend | None:
+    """The ``BACKEND`` a backend package declares, imported by its ``--module`` name: found even where
+    no entry point is (the packages only on ``PYTHONPATH``)."""
+    import importlib
+
+    try:
+        backend = getattr(importlib.import_module(module), "BACKEND", None)
+    except ImportError:
+        return None
+    return backend if isinstance(backend, Backend) else None
 
 
 def uv_parent_command() -> list[str] | None:
@@ -106,12 +119,14 @@ def choose_backend(installed: dict[str, Backend], argv: list[str]) -> tuple[Back
             return installed[from_env], f"{BACKEND_ENV}={from_env}"
         known = ", ".join(installed) or "none"
         return None, f"{BACKEND_ENV}={from_env}: not an installed backend (installed: {known})"
-    if not installed:
-        return None, "no backend package is installed: `uv run --package native-backend train`"
     module = flag_value(argv, "--module")
     modules = {b.module: b for b in installed.values()}
     if module in modules:
         return modules[module], f"--module {module}"
+    if module is not None and module != RECIPE_MODULE and (declared := declared_backend(module)):
+        return declared, f"--module {module}"
+    if not installed:
+        return None, "no backend package is installed: `uv run --package native-backend train`"
     from_uv = _uv_parent_package()
     config = flag_value(argv, "--config")
     if config is not None:

@@ -116,17 +116,9 @@ def _interrupted_before_any_rank() -> int:
     return 130
 
 
-def main_for(backend: Backend):
-    """A ``main`` bound to one backend (``python -m <backend package>.launch``)."""
-
-    def main() -> None:
-        sys.exit(run(backend))
-
-    return main
-
-
 def main() -> None:
-    """The shared ``train`` console script: choose the backend (``dispatch``), then run it."""
+    """The shared ``train`` console script (also ``python -m qwen3_titan_common.cli.launch``): choose the
+    backend (``dispatch``), then run it."""
     argv = sys.argv[1:]
     backend, why = choose_backend(installed_backends(), argv)
     if backend is None:
@@ -134,3 +126,7 @@ def main() -> None:
         sys.exit(2)
     print(f"[train] backend: {backend.distribution} ({why})", file=sys.stderr)
     sys.exit(run(backend, argv))
+
+
+if __name__ == "__main__":
+    main()

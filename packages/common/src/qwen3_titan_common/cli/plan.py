@@ -234,16 +234,16 @@ def check_config_name(module: str, config: str) -> None:
 
 
 def check_model_dir(titan_args: list[str]) -> None:
-    """Check an explicitly named HF directory (and peft adapter) before starting ranks (headers only, no weights)."""
-    for flag in ("--hf.model_dir", "--hf.model-dir"):
-        if flag in titan_args and titan_args.index(flag) + 1 < len(titan_args):
-            from qwen3_titan_common.hf.start import open_checked_model_dir
-
-            open_checked_model_dir(titan_args[titan_args.index(flag) + 1])
-    if "--lora.adapter" in titan_args and titan_args.index("--lora.adapter") + 1 < len(titan_args):
-        from qwen3_titan_common.hf.adapter import open_adapter_dir
-
-        open_adapter_dir(titan_args[titan_args.index("--lora.adapter") + 1])
+    """Check an explicitly named HF directory (and peft adapter) before starting ranks (headers only, no
+    weights; imported only then: both modules import torch)."""
+    for flag in ("--hf.model_dir", "--hf.model-dir", "--lora.adapter"):
+        if (value := flag_value(titan_args, flag)) is None:
+            continue
+        if flag == "--lora.adapter":
+            from qwen3_titan_common.hf.adapter import open_adapter_dir as check
+        else:
+            from qwen3_titan_common.hf.start import open_checked_model_dir as check
+        check(value)
 
 
 def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, LaunchPlan]:

@@ -1,22 +1,17 @@
 """Runs torchrun, streams its output, keeps all of it in the run's log, and ends it in one line.
 
-The launcher checks nothing a rank checks: it starts torchrun at once, and each rank runs every check
-before it writes anything (``train.preflight``). What the user sees of a failed run is what happened
-before it failed, then one ``train:`` line: a rank's input error, an interruption (with the step reached
-and the newest complete checkpoint), or an internal error with where the full log is. The line comes from
-torchelastic's own error file, which torchrun fills from the first rank to fail (``train.rank_errors``
-records it there), else from the failing rank's output (torchtitan's parser, a traceback, a signal).
+The launcher checks nothing a rank checks: each rank runs every check before it writes anything
+(``Qwen3Trainer.checked``). A failed run shows what happened before it failed, then one ``train:`` line:
+a rank's input error, an interruption (the step reached, the newest complete checkpoint), or an internal
+error with where the full log is. The line comes from torchelastic's error file, which torchrun fills
+from the first rank to fail (``train.rank_errors``), else from the failing rank's output.
 
-A rank that stops prints one ``[stopped]`` line before the rest of its failure on the same stream, so
-that line and everything after it, and torchrun's failure report, are held back from the terminal
-whatever order the processes' output arrives in; they stay in the log file (``--show-traceback`` or
-``QWEN3_TITAN_SHOW_TRACEBACK=1`` shows them live). A traceback that no ``[stopped]`` line announced (a
-library's, printed while training goes on) is held until a later step shows that training went on.
-
-Each local rank's own output (torchrun's ``--log-dir``) and the run's log start in a temporary folder:
-nothing is written where the run writes until its rank says, once its checks passed, where that is
-(``run.json``). Then the log moves to ``<dump_folder>/logs/train-<time>.log`` and, at the end, the ranks'
-logs to ``<dump_folder>/logs/ranks/``.
+A stopping rank prints one ``[stopped]`` line before the rest of its failure, on the same stream: that
+line, everything after it and torchrun's failure report stay in the log only, whatever order the
+processes' output arrives in (``--show-traceback`` shows them). A traceback nobody announced (a
+library's) is held until a later step shows that training went on. The log and the ranks' own output
+(torchrun's ``--log-dir``) start in a temporary folder, and move to ``<dump_folder>/logs/`` once rank 0
+says, its checks passed, where that is (``run.json``).
 
 Exit codes: 0 done, 2 input error, 1 internal error, 130 interrupted (SIGINT, SIGTERM or SIGHUP).
 """
@@ -219,7 +214,7 @@ def _kill_leftovers(pids: list[int]) -> None:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            pass  # gone already
 
 
 class _Interruption:
@@ -268,14 +263,6 @@ class _Interruption:
     def restore(self) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class _RankFiles:
@@ -429,7 +416,7 @@ def run_torchrun(
     checkpoint_folder = Path(folders["checkpoint_folder"]) if folders else None
     run_summary = files.summary() if returncode == 0 else None
     if interruption.signum is not None:
-        _kill_leftovers([p for p in interruption.ranks if _alive(p)])
+        _kill_leftovers(interruption.ranks)
         log_path = console.close()
         if not interruption.ranks:
             line = "train: interrupted before any rank started; nothing was written"
