@@ -19,10 +19,11 @@ def pytest_command(
 ) -> list[str]:
     # -c/--rootdir: the root pyproject's config (markers, strict_markers, -ra, import mode) whichever
     # folder is tested, so a package's run and a plain `uv run pytest` judge markers alike.
+    # --durations: the slowest tests of each step in the log, for keeping the whole run under its budget.
     targets = (target,) if isinstance(target, str) else target
     return [
         *python, "-m", "pytest", "-c", str(CONFIG), "--rootdir", str(ROOT),
-        f"--junitxml={junit}", *targets, *pytest_args,
+        f"--junitxml={junit}", "--durations=15", *targets, *pytest_args,
     ]  # fmt: skip
 
 
