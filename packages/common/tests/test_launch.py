@@ -213,3 +213,56 @@ def test_a_traceback_nobody_announced_is_shown_once_training_goes_on(capsys):
              "[rank0]:step: 3/30  loss: 5.8"]  # fmt: skip
     assert _shown(capsys, lines[:4]) == lines[:1]  # the step in progress does not release it
     assert _shown(capsys, lines) == lines
+
+
+TYRO_BOX = """\
+╭─ Unrecognized options ───────────────────────────────────────────────────────╮
+│ Unrecognized options: {unknown}                                    │
+│ ──────────────────────────────────────────────────────────────────────────── │
+│ Available subcommands: activation-checkpoint:selective                       │
+│ ──────────────────────────────────────────────────────────────────────────── │
+│ Perhaps you meant:                                                           │
+│     --training.steps INT                                                     │
+│         How many train steps to run (default: 30)                            │
+╰──────────────────────────────────────────────────────────────────────────────╯
+"""
+
+
+def test_a_ranks_parser_box_becomes_one_line_naming_the_typed_flag():
+    from qwen3_titan_common.train.rank_errors import parser_message
+
+    box = TYRO_BOX.format(unknown="--training.stepz, 2")
+    prefixed = "".join(f"[rank0]:{line}\n" for line in box.splitlines())
+    for text in (box, prefixed):
+        assert parser_message(text, ["--config", "debug", "--training.stepz", "2"]) == (
+            "--training.stepz, 2: not a flag of this config; perhaps you meant --training.steps"
+        )
+    boolean = TYRO_BOX.format(unknown="True").replace("Perhaps you meant:", "")
+    assert parser_message(boolean, ["--checkpoint.enable=True"]).startswith(
+        "--checkpoint.enable=True: not a flag of this config (booleans are written --section.name"
+    )
+
+
+def test_a_restart_shows_the_run_live_again(capsys):
+    lines = ["[rank0]:step: 1/30  loss: 6.0", "[rank0]:[stopped] internal error: RuntimeError: boom",
+             "[rank0]:Traceback (most recent call last):", "[rank0]:[restarted] torchrun restarted the ranks (restart 1)",
+             "[rank0]:step: 1/30  loss: 6.0"]  # fmt: skip
+    assert _shown(capsys, lines[:3]) == lines[:1]
+    assert _shown(capsys, lines) == lines  # the failure that was restarted from is shown once it is behind
+
+
+def test_a_ranks_user_error_wins_over_another_ranks_internal_error(tmp_path):
+    import json
+
+    from qwen3_titan_common.cli.supervise import ROOT_CAUSE_FILE, _RankFiles
+
+    def record(path, message):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": "1"}}}))
+
+    record(tmp_path / ROOT_CAUSE_FILE, "RuntimeError: Connection closed by peer")  # rank 0, same second
+    record(tmp_path / "run" / "attempt_0" / "0" / "error.json", "RuntimeError: Connection closed by peer")
+    files = _RankFiles(tmp_path)
+    assert files.root_cause() == "RuntimeError: Connection closed by peer"
+    record(tmp_path / "run" / "attempt_0" / "1" / "error.json", "UserInputError: d.jsonl:9: bad")
+    assert files.root_cause() == "UserInputError: d.jsonl:9: bad"

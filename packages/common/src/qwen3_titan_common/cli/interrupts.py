@@ -1,14 +1,10 @@
-"""Ctrl-C (or SIGTERM, SIGHUP) before any rank starts: noticed even where other code swallows it.
+"""Ctrl-C (or SIGTERM, SIGHUP) before torchrun starts: noticed even where other code swallows it.
 
-Python raises ``KeyboardInterrupt`` wherever the main thread happens to be when SIGINT arrives. While
-the launcher imports torch and torchtitan and parses the run's config, that is sometimes inside a
-``try: ... except:`` of a library, which swallows it: the launch then went on and trained as if nothing
-had happened (seen here about one time in five with Ctrl-C one second after ``train``). So the handler
-installed here also remembers the signal, and the launcher asks (:func:`raise_if_interrupted`) once its
-checks are done, before it lets the ranks go. SIGTERM and SIGHUP take the same path, so that torchrun,
-started early in a session of its own, is stopped with the launcher instead of outliving it. Signals
-that the caller ignores (a background job's SIGINT) stay ignored; once the ranks run, the supervisor's
-own handler (``cli.supervise``) takes over.
+Python raises ``KeyboardInterrupt`` wherever the main thread is; inside a library's ``try: ... except:``
+(torch's import, on a machine where the launcher needs it to count devices) it is swallowed and the
+launch would go on. So the handler also remembers the signal, and the launcher asks
+(:func:`raise_if_interrupted`) before it starts torchrun; from then on ``cli.supervise`` handles signals.
+Signals the caller ignores (a background job's SIGINT) stay ignored.
 """
 
 from __future__ import annotations

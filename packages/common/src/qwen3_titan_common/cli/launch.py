@@ -21,7 +21,7 @@ from qwen3_titan_common.cli.plan import Backend, LaunchPlan, check_config_name, 
 from qwen3_titan_common.cli.supervise import run_torchrun, torchrun_executable
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.train.rank_errors import COMMAND_ENV, SHOW_TRACEBACK_ENV
-from qwen3_titan_common.train.summary import RunSummary, summary_lines
+from qwen3_titan_common.train.summary import summary_lines
 
 
 def _list_configs(module: str) -> int:
@@ -94,21 +94,15 @@ def _train(plan: LaunchPlan, argv: list[str], *, show_traceback: bool) -> int:
     # The command as typed, for the exports' model cards (train.run_card).
     env = {**os.environ, **plan.env_updates, COMMAND_ENV: shlex.join(command)}
     raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
-    returncode, summary = run_torchrun(
-        [torchrun_executable(), *plan.command()[1:]],
-        env,
-        shown_env=plan.env_updates,
-        show_tracebacks=show_traceback,
-    )
-    if summary is not None:
-        _print_summary(summary, command, time.monotonic() - started)
-    return returncode
-
-
-def _print_summary(summary: RunSummary, command: list[str], wall_seconds: float) -> None:
+    torchrun = [torchrun_executable(), *plan.command()[1:]]
+    code, summary = run_torchrun(torchrun, env, shown_env=plan.env_updates, show_tracebacks=show_traceback)
     python = ["uv", "run", "python"] if command[0] == "uv" else [sys.executable]
-    for line in summary_lines(summary, command=command, python=python, wall_seconds=wall_seconds):
-        print(f"[train] {line}", flush=True)
+    wall_seconds = time.monotonic() - started
+    lines = (
+        summary_lines(summary, command=command, python=python, wall_seconds=wall_seconds) if summary else []
+    )
+    print("".join(f"[train] {line}\n" for line in lines), end="", flush=True)
+    return code
 
 
 def _interrupted_before_any_rank() -> int:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TextIO
 
 from qwen3_titan_common.train.rank_errors import (
+    RESTARTED,
     RUN_FILE,
     SHOW_TRACEBACK_ENV,
     STOPPED,
@@ -165,6 +166,9 @@ class _Console:
             self._show(line)
             return
         text = _RANK_PREFIX.sub("", line)
+        if text.startswith(RESTARTED):  # torchrun restarted the ranks: the failure before is behind them
+            self.stopped = False
+            self.release()
         if text.startswith(STOPPED) or _TORCHRUN_FAILURE.match(text):
             self.stopped = True
         elif not self.holding and (_TRACEBACK_START.match(text) or "╭─" in text):
@@ -289,15 +293,13 @@ class _RankFiles:
         return RunSummary.read(path) if path is not None else None
 
     def root_cause(self) -> str | None:
-        """The first failing rank's recorded message (torchrun copied its error file), or None."""
-        try:
-            data = json.loads((self.folder / ROOT_CAUSE_FILE).read_text())
-        except (OSError, ValueError):
-            return None
-        message = data.get("message")
-        if isinstance(message, dict):
-            message = message.get("message")
-        return message if isinstance(message, str) else None
+        """The first failing rank's recorded message (torchrun's copy of its error file), or None. A rank's
+        user error wins over another's internal one: its timestamp has whole seconds, a tie goes to rank 0."""
+        messages = [_recorded(self.folder / ROOT_CAUSE_FILE)]
+        errors = sorted(self.folder.glob("*/attempt_*/*/error.json"), key=lambda p: p.stat().st_mtime)
+        messages += [_recorded(path) for path in errors]
+        found = [m for m in messages if m is not None]
+        return next((m for m in found if m.startswith(USER_ERROR)), found[0] if found else None)
 
     def output_error(self, local_rank: int | None, argv: list[str]) -> str | None:
         """The user error in a rank's own output: ranks other than 0 are not echoed to the terminal."""
@@ -315,6 +317,15 @@ class _RankFiles:
         return None
 
 
+def _recorded(path: Path) -> str | None:
+    try:
+        message = json.loads(path.read_text()).get("message")
+    except (OSError, ValueError, AttributeError):
+        return None
+    message = message.get("message") if isinstance(message, dict) else message
+    return message if isinstance(message, str) else None
+
+
 def _interrupted_line(summary: ErrorSummary, checkpoint_folder: Path | None) -> str:
     from qwen3_titan_common.hf.start import newest_complete_step
 
@@ -328,13 +339,6 @@ def _interrupted_line(summary: ErrorSummary, checkpoint_folder: Path | None) -> 
     )
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return str(number)
-
-
 def _failure_line(
     summary: ErrorSummary, log_path: Path | None, show_tracebacks: bool, returncode: int, recorded: str | None
 ) -> str:
@@ -343,7 +347,7 @@ def _failure_line(
     code = summary.cause_exitcode
     rank = f"rank {summary.cause_rank}" if summary.cause_rank is not None else "a rank"
     if code is not None and code < 0:
-        name = _signal_name(-code)
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
         oom = " (out of memory?)" if -code == signal.SIGKILL else ""
         return f"{rank} was killed by {name}{oom}{where}{show}"
     exception = recorded or summary.last_exception
@@ -363,20 +367,35 @@ def run_torchrun(
     rank 0 left (None when it left none: another node, or a run that did not finish)."""
     scratch = Path(tempfile.mkdtemp(prefix="qwen3-titan-run-"))
     rank_logs = scratch / "ranks"
+    rank_logs.mkdir()
     at = command.index("-m")
     command = [*command[:at], "--log-dir", str(rank_logs), *command[at:]]
-    files = _RankFiles(rank_logs)
-    rank_logs.mkdir()
     show_all = show_tracebacks or bool(os.environ.get(SHOW_TRACEBACK_ENV))
     env = {**env, "TORCHELASTIC_ERROR_FILE": str(rank_logs / ROOT_CAUSE_FILE)}
+    if show_all:
+        env[SHOW_TRACEBACK_ENV] = "1"  # the ranks print their user errors' tracebacks too
     env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in (shown_env or {}).items())
     print(f"[train] {env_line + ' ' if env_line else ''}{shlex.join(command)}", file=sys.stderr, flush=True)
     console = _Console(show_all)
+    console.pending.append(f"[train] {shlex.join(command)}\n")
     interruption = _Interruption(console)
-    proc = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True,
-    )  # fmt: skip
+    try:
+        proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            start_new_session=True,
+        )  # fmt: skip
+        interruption.attach(proc)
+        summary, files = ErrorSummary(), _RankFiles(rank_logs)
+        folders = _follow(proc, console, summary, files)
+        return _finish(proc.wait(), interruption, console, summary, files, folders, scratch, command)
+    finally:
+        interruption.restore()
+
+
+def _follow(
+    proc: subprocess.Popen, console: _Console, summary: ErrorSummary, files: _RankFiles
+) -> dict | None:
+    """Show and log torchrun's output to its end; the log moves to the dump folder once rank 0 names it."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
@@ -385,71 +404,62 @@ def run_torchrun(
             lines.put(line)
         lines.put(None)
 
-    interruption.attach(proc)
     threading.Thread(target=read, daemon=True).start()
-    console.line(f"[train] {shlex.join(command)}\n")
-    summary = ErrorSummary()
-    folders: dict | None = None
-    next_look = 0.0
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                line = ""
-            if line is None:
-                break
-            if line:
-                console.line(line)
-                summary.feed(line)
-            if folders is None and time.monotonic() >= next_look:
-                next_look = time.monotonic() + 0.5
-                folders = files.run_folders()
-                if folders is not None:
-                    stamp = time.strftime("%Y%m%d-%H%M%S")
-                    console.open_log(Path(folders["dump_folder"]) / LOG_DIR / f"train-{stamp}.log")
-        returncode = proc.wait()
-    finally:
-        interruption.restore()
+    folders, next_look = None, 0.0
+    while True:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            line = ""
+        if line is None:
+            return folders
+        if line:
+            console.line(line)
+            summary.feed(line)
+        if folders is None and time.monotonic() >= next_look:
+            next_look = time.monotonic() + 0.5
+            if (folders := files.run_folders()) is not None:
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                console.open_log(Path(folders["dump_folder"]) / LOG_DIR / f"train-{stamp}.log")
+
+
+def _finish(returncode, interruption, console, summary, files, folders, scratch, command):
     sys.stdout.flush()
     folders = folders or files.run_folders()
     checkpoint_folder = Path(folders["checkpoint_folder"]) if folders else None
     run_summary = files.summary() if returncode == 0 else None
     if interruption.signum is not None:
         _kill_leftovers(interruption.ranks)
-        log_path = console.close()
+        log_path, code = console.close(), EXIT_INTERRUPTED
         if not interruption.ranks:
             line = "train: interrupted before any rank started; nothing was written"
         else:
             line = f"train: {_interrupted_line(summary, checkpoint_folder)}"
-        code = EXIT_INTERRUPTED
     elif returncode == 0:
         console.release()
-        log_path = console.close()
-        line, code = None, 0
+        log_path, line, code = console.close(), None, 0
     else:
         recorded = files.root_cause()
         message = recorded[len(USER_ERROR) :] if recorded and recorded.startswith(USER_ERROR) else None
         if message is None and recorded is None:
             message = summary.message or files.output_error(summary.cause_local_rank, command)
         if message is not None:
-            log_path = console.close()
-            line, code = f"train: {message}", EXIT_INPUT
+            log_path, line, code = console.close(), f"train: {message}", EXIT_INPUT
         else:
             log_path = console.close(fallback=scratch / "train.log")
-            line = f"train: {_failure_line(summary, log_path, show_all, returncode, recorded)}"
+            line = f"train: {_failure_line(summary, log_path, console.show_all, returncode, recorded)}"
             code = EXIT_INTERNAL
-    if folders is not None:
-        _keep(rank_logs, Path(folders["dump_folder"]) / LOG_DIR / "ranks")
-    if log_path is None or not log_path.is_relative_to(scratch):
+    kept = folders is None or _keep(files.folder, Path(folders["dump_folder"]) / LOG_DIR / "ranks")
+    if kept and (log_path is None or not log_path.is_relative_to(scratch)):
         shutil.rmtree(scratch, ignore_errors=True)
     if line is not None:
         print(line, file=sys.stderr)
     return code, run_summary
 
 
-def _keep(source: Path, destination: Path) -> None:
+def _keep(source: Path, destination: Path) -> bool:
     try:
         shutil.copytree(source, destination, dirs_exist_ok=True)
     except OSError:
-        pass  # a full disk: the run's own log says what happened
+        return False  # a full disk: the temporary copy stays, and the run's own log says what happened
+    return True

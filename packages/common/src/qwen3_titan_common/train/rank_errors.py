@@ -30,6 +30,7 @@ from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 
 STOPPED = "[stopped] "
+RESTARTED = "[restarted] "
 USER_ERROR = "UserInputError: "  # how torchelastic's error file begins the message of a user error
 RUN_FILE = "run.json"
 SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
@@ -102,10 +103,7 @@ def parser_message(text: str, argv: list[str] | None = None) -> str | None:
     """The message of the error torchtitan's parser (tyro) printed for a rank's command line, in one
     line, or None: in a box on a terminal (``╭─ ... │ message │ ... ╰─``, up to its ``───`` rule), else
     a title, a rule, the message, a rule, then sections such as "Perhaps you meant:"."""
-    box = _box_message(text)
-    if box is not None:
-        return box
-    lines = text.splitlines()
+    lines = _unboxed(text.splitlines())
     rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
     if len(rules) < 2:
         return None
@@ -126,19 +124,19 @@ def parser_message(text: str, argv: list[str] | None = None) -> str | None:
     return message
 
 
-def _box_message(text: str) -> str | None:
-    inside: list[str] | None = None
-    for line in text.splitlines():
-        line = _RANK_PREFIX.sub("", line)
-        if "╭─" in line:
-            inside = []
-        elif inside is not None:
-            inner = line.strip().strip("│").strip()
-            if "╰" in line or inner.startswith("───"):
-                return " ".join(inside) or None
-            if inner:
-                inside.append(inner)
-    return None
+def _unboxed(lines: list[str]) -> list[str]:
+    """tyro's box as its plain layout: the title, a rule, then the box's lines, its inner rules as rules."""
+    lines = [_RANK_PREFIX.sub("", line) for line in lines]
+    top = next((i for i, line in enumerate(lines) if "╭─" in line), None)
+    if top is None:
+        return lines
+    plain = [lines[top].strip(" ╭─╮"), "-" * 20]
+    for line in lines[top + 1 :]:
+        if "╰" in line:
+            break
+        inner = line.strip().strip("│").strip()
+        plain.append("-" * 20 if inner.startswith("───") else inner)
+    return [*plain, "-" * 20]
 
 
 def launcher_dir() -> Path | None:
@@ -147,6 +145,13 @@ def launcher_dir() -> Path | None:
     if not error_file or not os.environ.get(COMMAND_ENV):
         return None
     return Path(error_file).parent
+
+
+def announce_restart() -> None:
+    """One line when torchrun restarted this rank (``--max-restarts``): the launcher shows the run live again."""
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt > 0:
+        print(f"{RESTARTED}torchrun restarted the ranks (restart {attempt})", file=sys.stderr, flush=True)
 
 
 def leave_run_folders(dump_folder: str, checkpoint_folder: str) -> None:

@@ -51,7 +51,7 @@ from qwen3_titan_common.train.model_record import (
     schedule_of,
 )
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
-from qwen3_titan_common.train.rank_errors import leave_run_folders, rank_errors
+from qwen3_titan_common.train.rank_errors import announce_restart, leave_run_folders, rank_errors
 from qwen3_titan_common.train.router_balance import LMLossWithRouterBalance, MoEOptions, with_router_balance
 from qwen3_titan_common.train.run_card import rank_module_and_config, run_card
 from qwen3_titan_common.train.summary import report, summary_of
@@ -98,6 +98,7 @@ class Qwen3Trainer(Trainer):
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
         from qwen3_titan_common.train.dump_lock import hold_in_rank
 
+        announce_restart()
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):
             self._start, config = self.checked(config)
