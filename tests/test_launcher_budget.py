@@ -31,3 +31,13 @@ def test_the_product_reads_only_its_four_variables():
             continue  # the tests' own markers
         found |= set(re.findall(r"QWEN3_TITAN_[A-Z_]+", path.read_text()))
     assert found == PRODUCT_VARIABLES
+
+
+def test_few_fragment_modules():
+    """One concern per module, not one function per file: few modules under 40 lines (``__init__`` aside)."""
+    small = sorted(
+        str(path.relative_to(SOURCES))
+        for path in SOURCES.glob("*/src/**/*.py")
+        if path.name != "__init__.py" and len(path.read_text().splitlines()) < 40
+    )
+    assert len(small) <= 6, small
