@@ -57,6 +57,9 @@ def test_sbatch_script_trains_exports_and_resumes_when_requeued(tmp_path):
     script = _write_script(workdir)
 
     with one_node_slurm(tmp_path / "slurm") as cluster:
+        # One thread in both runs: the redone steps' losses are compared bit for bit, and a reduction
+        # blocked over another thread count (the requeued job may get other CPUs) rounds differently.
+        cluster.env["OMP_NUM_THREADS"] = "1"
         job = cluster.sbatch(script)
         log = workdir / f"slurm-qwen3-titan-debug-{job}.out"
         try:
