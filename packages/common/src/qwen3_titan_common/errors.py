@@ -13,3 +13,8 @@ class UserInputError(ValueError):
 
 class CheckpointError(UserInputError):
     """A model directory or checkpoint we will not read; the message names the file and key."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its class name when it has none: what a one-line report quotes."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from qwen3_titan_common.assets import default_corpus_path
-from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.perf.progress import Phase
 
 DEFAULT_DATASET = "default"
@@ -372,7 +372,7 @@ class ArrowColumns:
         try:
             taken = _take(self._table, list(indices), self._columns)
         except (pa.ArrowException, OSError) as err:
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            reason = first_line(err)
             raise DatasetError(
                 f"{self._row_label}: rows {min(indices)}-{max(indices)} could not be decoded ({reason}); "
                 "the data files are damaged: write them again"
@@ -405,7 +405,7 @@ def _check_columns(
 
 
 def _unreadable_parquet(name: str, err: Exception) -> DatasetError:
-    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    reason = first_line(err)
     return DatasetError(
         f"{name}: not a readable Parquet file ({reason}); it may be truncated or not Parquet at all: "
         "write it again, or remove it from the dataset"
@@ -440,7 +440,7 @@ def load_saved(directory: Path, split: str) -> Any:
     try:
         loaded = load_from_disk(str(directory))
     except Exception as err:  # datasets and pyarrow raise many types for a damaged directory
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = first_line(err)
         raise DatasetError(
             f"--dataloader.dataset '{directory}': the datasets.save_to_disk directory does not load "
             f"({type(err).__name__}: {reason}); save it again"

@@ -6,8 +6,7 @@ parallelize function does) and report what it would hold, with no accelerator an
 no weights: the model stays on the meta device, so a 4B or 30B shape costs nothing.
 
 Before that, the run's config is parsed as a rank parses it and goes through the checks every rank
-runs first (``Qwen3Trainer``'s ``run_config``, ``train.preflight.check_run`` and the backend's
-``prepare_backend``): a dry run refuses what the run would refuse. A job planned for other machines
+runs first (``Qwen3Trainer.checked``): a dry run refuses what the run would refuse. A job planned for other machines
 lists what it could not confirm on this one (weights not downloaded here, this disk's free space).
 """
 
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.train.layout import LayoutError, resolve_layout
 from qwen3_titan_common.train.rank_errors import parser_message
 
@@ -140,56 +139,32 @@ def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any
             message or "the command line did not parse (run with --help for the flags)"
         ) from None
     except Exception as err:  # a config function or torchtitan's validation rejected a value
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise UserInputError(f"--config {plan.config} with these flags: {reason}") from None
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
-def _run_config(parsed: Any, config_name: str, pending: list[str] | None) -> Any:
-    """The trainer's own ``run_config``; for a dry run, a config function's model directory that is not
-    on this machine is listed in ``pending`` and the config's built-in architecture is laid out."""
-    from qwen3_titan_common.errors import CheckpointError
-    from qwen3_titan_common.train.trainer import run_config
-
-    quiet = io.StringIO()
-    model_dir = parsed.hf.model_dir
-    try:
-        with redirect_stdout(quiet), redirect_stderr(quiet):
-            return run_config(parsed)[1]
-    except UserInputError as err:
-        missing = bool(model_dir) and not Path(model_dir).expanduser().exists()
-        if pending is None or not isinstance(err, CheckpointError) or not missing:
-            raise
-        pending.append(str(err))
-    except (ValueError, AssertionError) as err:
-        # torchtitan validates the config again once the model directory's architecture is in it.
-        raise UserInputError(f"--config {config_name} with these flags: {_first_line(err)}") from None
-    without = dataclasses.replace(parsed, hf=dataclasses.replace(parsed.hf, model_dir=None))
-    with redirect_stdout(quiet), redirect_stderr(quiet):
-        return run_config(without)[1]
+        raise UserInputError(f"--config {plan.config} with these flags: {first_line(err)}") from None
 
 
 def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
-    """The run's config as rank 0 of ``plan`` resolves and checks it, and what this machine could not
-    confirm; raises a one-line UserInputError."""
-    from qwen3_titan_common.train.preflight import check_run
+    """The run's config as rank 0 of ``plan`` resolves and checks it (``Qwen3Trainer.checked``, after
+    :func:`fake_rank_env`), and what this machine could not confirm: a model directory that is not here
+    is listed, and the config's built-in architecture laid out instead. Raises a one-line UserInputError."""
+    from qwen3_titan_common.errors import CheckpointError
     from qwen3_titan_common.train.trainer import Qwen3Trainer
-    from qwen3_titan_common.train.validation import with_validation_data
 
     parsed = parse_run_config(plan, DRY_RUN_FLAGS)
     if not isinstance(parsed, Qwen3Trainer.Config):
         return parsed, []  # another package's config (--module): its own trainer checks it
     pending: list[str] = []
-    # Qwen3Trainer.checked, for a job of plan.world_size ranks whose weights may be elsewhere.
-    config = with_validation_data(_run_config(parsed, plan.config, pending))
-    check_run(config, plan.world_size, deferred=pending)
-    quiet = io.StringIO()
+    quiet = io.StringIO()  # the checks' log lines are the ranks' to print
+    model_dir = parsed.hf.model_dir
+    try:
+        with redirect_stdout(quiet), redirect_stderr(quiet):
+            return Qwen3Trainer.checked(parsed, deferred=pending)[1], pending
+    except CheckpointError as err:
+        if not model_dir or Path(model_dir).expanduser().exists():
+            raise
+        pending.append(str(err))
+    without = dataclasses.replace(parsed, hf=dataclasses.replace(parsed.hf, model_dir=None))
     with redirect_stdout(quiet), redirect_stderr(quiet):
-        Qwen3Trainer.for_config(config).prepare_backend(config)
-    return config, pending
+        return Qwen3Trainer.checked(without, deferred=pending)[1], pending
 
 
 def dry_run(plan: PlannedJob) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
 from qwen3_titan_common.runtime.disk import (
@@ -44,7 +44,7 @@ def _check_tokenizer(path: str, vocab_size: int) -> None:
     try:
         size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True)
     except Exception as err:  # tokenizers raises its own Exception type for any unreadable file
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        reason = first_line(err)
         raise UserInputError(f"{tokenizer_json}: not a readable tokenizer ({reason})") from None
     if size > vocab_size:
         raise UserInputError(

@@ -37,7 +37,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
-from qwen3_titan_common.errors import CheckpointError, UserInputError
+from qwen3_titan_common.errors import CheckpointError, UserInputError, first_line
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
@@ -121,11 +121,12 @@ class Qwen3Trainer(Trainer):
         logger.info(describe_trainable(self.model_parts, self.optimizers))
 
     @classmethod
-    def checked(cls, config: Config) -> tuple[StartPoint, Config]:
+    def checked(cls, config: Config, *, deferred: list[str] | None = None) -> tuple[StartPoint, Config]:
         """The run's config resolved in one place (``run_config``: the architecture of
         ``--hf.model_dir``, model spec, loss vocabulary, export plan, LoRA; then the validation data), and
         every check on it (``train.preflight.check_run``, the backend's :meth:`prepare_backend`), before
-        anything is written. Each rank runs it first; raises a one-line UserInputError."""
+        anything is written. Each rank and ``train --dry-run`` run it first; raises a one-line
+        UserInputError. ``deferred``: a dry run's list of what only the machines of the job can confirm."""
         from qwen3_titan_common.train.preflight import check_run
         from qwen3_titan_common.train.validation import with_validation_data
 
@@ -135,11 +136,11 @@ class Qwen3Trainer(Trainer):
             raise
         except (ValueError, AssertionError) as err:
             # torchtitan validates the config again once the model directory's architecture is in it.
-            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-            name = rank_module_and_config()[1] or "this config"
-            raise UserInputError(f"--config {name} with these flags: {reason}") from None
+            name = rank_module_and_config()[1]
+            which = f"--config {name}" if name else "the config"
+            raise UserInputError(f"{which} with these flags: {first_line(err)}") from None
         config = with_validation_data(config)
-        check_run(config)
+        check_run(config, deferred=deferred)
         cls.for_config(config).prepare_backend(config)
         return start, config
 
