@@ -16,12 +16,49 @@ import torch
 from qwen3_titan_common.commands.eval import eval_model_builder
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.models.routing import router_balance_loss, take_routing
-from qwen3_titan_common.testing.tolerance import assert_close_reduction, reduction_atol
+from qwen3_titan_common.testing.tolerance import (
+    assert_close_reduction,
+    checkpoint_config,
+    qwen3_forward_lengths,
+    reduction_atol,
+)
 from qwen3_titan_common.train.router_balance import counted_tokens
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX
 
 ROWS, SEQ, PAD = 2, 48, 13
+
+
+class GateTerms:
+    """sum |terms| of each router weight's gradient, from the gate's inputs and its logits' gradients.
+
+    A gate's weight gradient is a sum over tokens of (d loss / d logit) x input, so its entries' sum |terms|
+    is |d loss / d logits|^T @ |inputs|: forward hooks keep each gate's input and retain its logits' grad.
+    """
+
+    def __init__(self, model: torch.nn.Module, gate_names: list[str]):
+        self._seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._hooks = [
+            model.get_submodule(name).register_forward_hook(self._keep(name)) for name in gate_names
+        ]
+
+    def _keep(self, name: str):
+        def hook(module, args, output):
+            logits = output[0] if isinstance(output, tuple) else output
+            logits.retain_grad()
+            self._seen[name] = (args[0].detach(), logits)
+
+        return hook
+
+    def abs_sums(self) -> dict[str, torch.Tensor]:
+        """Per gate (after the backward): sum |terms| of each entry of its weight gradient (experts x hidden)."""
+        for hook in self._hooks:
+            hook.remove()
+        sums = {}
+        for name, (inputs, logits) in self._seen.items():
+            grad = logits.grad.reshape(-1, logits.shape[-1])
+            sums[name] = grad.abs().T @ inputs.reshape(-1, inputs.shape[-1]).abs()
+        return sums
 
 
 def _builder(backend: str):
@@ -59,6 +96,8 @@ def _batch(padded: bool):
 def test_balance_loss_equals_transformers(checkpoint, backend, padded):
     path, reference = checkpoint
     reference.zero_grad(set_to_none=True)
+    layers = range(open_model_dir(path).architecture.num_hidden_layers)
+    reference_terms = GateTerms(reference, [f"model.layers.{layer}.mlp.gate" for layer in layers])
     tokens, labels, positions, attention_mask = _batch(padded)
     weights = open_model_dir(path)
     model = _builder(backend)(
@@ -86,15 +125,19 @@ def test_balance_loss_equals_transformers(checkpoint, backend, padded):
     # The gradient reaches the routers as transformers' does.
     ours.backward()
     theirs.backward()
-    for layer in range(weights.architecture.num_hidden_layers):
+    abs_sums = reference_terms.abs_sums()
+    for layer in layers:
         ref_grad = reference.get_parameter(f"model.layers.{layer}.mlp.gate.weight").grad
         name = (
             f"model.layers.{layer}.mlp.gate.weight"
             if backend == "hf-v5"
             else f"layers.{layer}.moe.router.gate.weight"
         )
-        # fp32 sums over 96 tokens on each side: torch's fp32 defaults (rtol 1.3e-6) hold them.
-        torch.testing.assert_close(model.get_parameter(name).grad, ref_grad)
+        # A sum over the 96 tokens of logit gradients that carry the loss's chain: both chained.
+        assert_close_reduction(
+            model.get_parameter(name).grad, ref_grad, (ROWS * SEQ, *chain),
+            abs_sums[f"model.layers.{layer}.mlp.gate"], name=name,
+        )  # fmt: skip
 
 
 def test_counted_tokens_leave_out_only_padding():
@@ -115,7 +158,9 @@ def _two_rank_worker(rank: int, port: int, path: str, scope: str, out: str) -> N
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        term, grads = _balance_step(path, scope, rows=slice(2 * rank, 2 * rank + 2), group=dist.group.WORLD)
+        term, grads, _ = _balance_step(
+            path, scope, rows=slice(2 * rank, 2 * rank + 2), group=dist.group.WORLD
+        )
         for grad in grads.values():
             dist.all_reduce(grad)  # torchtitan sums gradients over data-parallel ranks
         if rank == 0:
@@ -141,6 +186,8 @@ def _balance_step(path, scope: str, rows: slice, group=None):
         weights.architecture, weights, dtype=torch.float32, seq_len=SEQ, routing_recorded=True
     )
     model.train()
+    gates = [f"layers.{layer}.moe.router.gate" for layer in range(weights.architecture.num_hidden_layers)]
+    terms = GateTerms(model, gates)
     loss_fn = LMLossWithRouterBalance.Config(coefficient=0.01, scope=scope).build()
     loss_fn.bind([model], group=group, microbatches=1)
     loss_fn.start_step()
@@ -151,7 +198,8 @@ def _balance_step(path, scope: str, rows: slice, group=None):
     grads = {
         name: param.grad.detach().clone() for name, param in model.named_parameters() if "router" in name
     }
-    return loss_fn.step_term(), grads
+    abs_sums = {f"{gate}.weight": value for gate, value in terms.abs_sums().items()}
+    return loss_fn.step_term(), grads, abs_sums
 
 
 @pytest.mark.parametrize("scope", ["global_batch", "micro_batch"])
@@ -169,15 +217,20 @@ def test_global_batch_scope_on_two_ranks_equals_one_rank_on_the_whole_batch(chec
     mp.spawn(_two_rank_worker, args=(port, str(path), scope, str(tmp_path)), nprocs=2, join=True)
     two_term = json.loads((tmp_path / "term.json").read_text())
     two_grads = load_file(tmp_path / "grads.safetensors")
-    one_term, one_grads = _balance_step(path, "micro_batch", rows=slice(0, 4))
+    one_term, one_grads, abs_sums = _balance_step(path, "micro_batch", rows=slice(0, 4))
     if scope == "global_batch":
         # Sums of 2 layers x 192 tokens on each side (positive terms), then one over the experts: the
         # derived bound of that chain, relative to the term.
         arch = open_model_dir(path).architecture
         chain = (arch.num_hidden_layers * 4 * SEQ, arch.moe.num_experts, arch.moe.num_experts, 4)
         assert abs(two_term - one_term) <= reduction_atol(chain, one_term), (two_term, one_term)
+        # A router's gradient: a sum over the 192 tokens of logit gradients that carry the language-model
+        # loss's backward (a forward's chain again) on top of its forward and the balance term's chain.
+        backward = 2 * qwen3_forward_lengths(checkpoint_config(path), SEQ)
         for name, grad in one_grads.items():
-            torch.testing.assert_close(two_grads[name], grad)
+            assert_close_reduction(
+                two_grads[name], grad, (4 * SEQ, *backward, *chain), abs_sums[name], name=name
+            )
     else:
         # transformers' own scope balances each rank's micro-batch: another loss (the comparison can fail).
         assert abs(two_term - one_term) > 1e-4 * one_term, (two_term, one_term)

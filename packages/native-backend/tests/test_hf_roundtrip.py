@@ -12,6 +12,7 @@ import torch
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import build_titan_qwen3
 from qwen3_titan_common.perf.train_log import parse_step_lines
+from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_atol, logit_scale, loss_atol
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 
@@ -27,7 +28,8 @@ def _train(*args, cwd):
     return proc.stdout + proc.stderr
 
 
-def _logits_diff(path: Path) -> float:
+def _logits_over_bound(path: Path) -> float:
+    """max |torchtitan's logits - transformers'| on 2 x 40 tokens, over the derived bound of that difference."""
     model_dir = open_model_dir(path)
     titan = build_titan_qwen3(model_dir)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -35,7 +37,8 @@ def _logits_diff(path: Path) -> float:
         0, model_dir.architecture.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0)
     )
     with torch.no_grad():
-        return (titan(tokens) - reference(tokens).logits).abs().max().item()
+        diff = (titan(tokens) - reference(tokens).logits).abs().max().item()
+    return diff / logit_atol(checkpoint_config(path), seq_len=tokens.shape[1], logit_scale=logit_scale(path))
 
 
 @pytest.mark.slow
@@ -62,7 +65,7 @@ def test_train_20_steps_from_checkpoint_then_transformers_loads_the_export(tmp_p
     assert not torch.equal(
         model.model.norm.weight, AutoModelForCausalLM.from_pretrained(source).model.norm.weight
     )
-    assert _logits_diff(export) <= 1e-4
+    assert _logits_over_bound(export) <= 1.0
 
 
 def _first_batch_loss(export: Path, tmp_path: Path) -> float:
@@ -100,4 +103,8 @@ def test_loss_continues_across_export_and_reload(tmp_path):
           f"(ln(vocab) = {math.log(4096):.2f}); exported model on that batch: {reference:.4f}")  # fmt: skip
     assert abs(random_start - math.log(4096)) < 0.5
     assert reloaded_first_step < random_start - 1.5
-    assert abs(reloaded_first_step - reference) <= 1e-3
+    # The step line's loss (5 decimals) and transformers' on one batch of the debug shape: the derived bound.
+    bound = loss_atol(
+        reference, checkpoint_config(export), tokens=8 * 256, seq_len=256, logit_scale=logit_scale(export)
+    )
+    assert abs(reloaded_first_step - reference) <= bound + 0.5e-5

@@ -26,8 +26,10 @@ the sum accumulates in (``torch.finfo``): bf16 and fp16 follow the same rule.
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 
@@ -70,3 +72,82 @@ def assert_close_reduction(
             f"{dtype} reduction (LAMBDA {LAMBDA:g}); worst at {at}: |{a[at]:.9g} - {e[at]:.9g}| = "
             f"{diff[at]:.3g} > {bound[at]:.3g}"
         )
+
+
+def qwen3_forward_lengths(config: Mapping, seq_len: int) -> list[int]:
+    """The reductions one token's logits pass through in a Qwen3 (or Qwen3-MoE) forward, per the rule's chains.
+
+    ``config``: the checkpoint's ``config.json``. Per layer: two RMSNorms and the q/k norms (mean squares),
+    the q/k/v projections, q.k, the softmax's sum and its weighted sum of values over ``seq_len``
+    positions, the output projection, then the MLP (gate and up, down) or the MoE's router, its experts'
+    MLPs and the top-k weighted sum; then the final norm and the output projection.
+    """
+    hidden, head_dim = (
+        config["hidden_size"],
+        config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+    )
+    attention = [hidden, hidden, head_dim, head_dim, hidden, hidden, hidden, head_dim, seq_len, seq_len]
+    attention.append(config["num_attention_heads"] * head_dim)
+    if config.get("num_experts"):
+        top_k = config["num_experts_per_tok"]
+        mlp = [hidden, top_k, hidden, hidden, config["moe_intermediate_size"], top_k]
+    else:
+        mlp = [hidden, hidden, config["intermediate_size"]]
+    return config["num_hidden_layers"] * (attention + mlp) + [hidden, hidden]
+
+
+def logit_atol(config: Mapping, *, seq_len: int, logit_scale: float, passes: int = 1, dtype=torch.float32):
+    """The rule's bound on one logit computed by two implementations (or reduction orders) of one model.
+
+    ``logit_scale`` bounds sum |terms| of a logit, |h| |w_j| (Cauchy-Schwarz): see :func:`logit_scale`;
+    every earlier stage's input is RMS-normalised to the same scale, so it stands for theirs too.
+    ``passes``: the forward chains the compared values went through, as for :func:`loss_atol`.
+    """
+    return reduction_atol(passes * qwen3_forward_lengths(config, seq_len), logit_scale, dtype)
+
+
+def loss_atol(
+    loss: float, config: Mapping, *, tokens: int, seq_len: int, logit_scale: float, passes: int = 1,
+    dtype=torch.float32,
+) -> float:  # fmt: skip
+    """The rule's bound on a mean cross-entropy computed by two implementations of one model.
+
+    Three parts add: the mean over ``tokens`` losses (each >= 0: their sum |terms| / tokens is ``loss``),
+    the log-sum-exp over the vocabulary (a relative error of the sum of exponentials, at most 1 in
+    each's scale, is an absolute one of its log) and the logits (a logit's error moves a token's loss by at
+    most twice it: the target's and the softmax-weighted others'). ``passes``: forward chains behind the
+    compared values: 1 for one model's loss; 2k - 1 for a training run's step-k loss (each optimizer step
+    adds the backward's chains to the weights, to first order the forward's again, Adam's update no more
+    sensitive to its gradient's relative error than the gradient).
+    """
+    return (
+        reduction_atol(tokens, loss, dtype)
+        + reduction_atol(config["vocab_size"], 1.0, dtype)
+        + 2 * logit_atol(config, seq_len=seq_len, logit_scale=logit_scale, passes=passes, dtype=dtype)
+    )
+
+
+def logit_scale(weights) -> float:
+    """A bound of sum |terms| of any logit of a Hugging Face Qwen3: its folder (safetensors) or state dict.
+
+    The final RMSNorm's output has a root mean square of 1 times its weight: |h| <= sqrt(hidden) max|weight|;
+    |w_j| is the longest row of the output projection (the embedding when tied).
+    """
+    wanted = ("model.norm.weight", "lm_head.weight", "model.embed_tokens.weight")
+    if isinstance(weights, Mapping):
+        found = {key: weights[key].detach().float() for key in wanted if key in weights}
+    else:
+        from safetensors import safe_open
+
+        found = {}
+        for path in sorted(Path(weights).glob("*.safetensors")):
+            with safe_open(str(path), "pt") as file:
+                found.update((key, file.get_tensor(key).float()) for key in file.keys() if key in wanted)
+    norm = found["model.norm.weight"]
+    output = found.get("lm_head.weight", found["model.embed_tokens.weight"])
+    return math.sqrt(norm.numel()) * norm.abs().max().item() * output.norm(dim=1).max().item()
+
+
+def checkpoint_config(model_dir) -> dict:
+    """The ``config.json`` of a Hugging Face checkpoint folder."""
+    return json.loads((Path(model_dir) / "config.json").read_text())
