@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_scale, loss_atol
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 TRAIN = str(Path(sys.executable).with_name("train"))
@@ -23,10 +23,7 @@ PRINTED_LOSS = 0.5e-5  # a step line's loss has 5 decimals
 
 def _step_bound(loss: float, source: Path, step: int) -> float:
     """Step ``step``'s loss of two fp32 implementations of one model: the derived bound, both sides printed."""
-    bound = loss_atol(
-        loss, checkpoint_config(source), tokens=TOKENS, seq_len=SEQ_LEN, logit_scale=logit_scale(source),
-        passes=2 * step - 1,
-    )  # fmt: skip
+    bound = ModelBounds.from_dir(source).loss_atol(loss, tokens=TOKENS, seq_len=SEQ_LEN, passes=2 * step - 1)
     return bound + 2 * PRINTED_LOSS
 
 

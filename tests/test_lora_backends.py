@@ -17,7 +17,7 @@ import pytest
 import torch
 from qwen3_titan_common.models.lora import adapter_key
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_atol, logit_scale
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.trained import load_trained_model
 from safetensors.torch import load_file
@@ -80,6 +80,4 @@ def test_two_ranks_train_an_adapter_that_peft_loads(tmp_path, backend):
         diff = (trained(tokens) - model(tokens).logits).abs().max().item()
     print(f"{backend}: max |logits(trained) - logits(peft)| = {diff:.2e}")
     # Two fp32 implementations of one model (the adapters touch neither the final norm nor the output layer).
-    assert diff <= logit_atol(
-        checkpoint_config(source), seq_len=tokens.shape[1], logit_scale=logit_scale(source)
-    )
+    assert diff <= ModelBounds.from_dir(source).logit_atol(seq_len=tokens.shape[1])

@@ -45,7 +45,7 @@ def test_two_cpu_ranks_train(tmp_path, backend):
 def test_tensor_parallel_from_a_model_of_another_vocabulary_equals_one_rank(tmp_path):
     """torchtitan's vocabulary-parallel cross-entropy splits the logits by the loss config's vocabulary: it must
     be the --hf-model's (8,192 here), not the config function's (4,096)."""
-    from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_scale, loss_atol
+    from qwen3_titan_common.testing.tolerance import ModelBounds
     from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
     from tools.moe_balance_narrow import tensorboard_scalars
@@ -71,8 +71,8 @@ def test_tensor_parallel_from_a_model_of_another_vocabulary_equals_one_rank(tmp_
         losses[ranks] = tensorboard_scalars(out / "tb")["loss_metrics/global_avg_loss"]
     # Step k's loss: a mean over 1,024 tokens of fp32 cross-entropies over 8,192 logits, reduced in another order
     # when the vocabulary and the projections are split (then all-reduced): the derived bound of 2k - 1 passes.
-    config, scale = checkpoint_config(model), logit_scale(model)
+    bounds = ModelBounds.from_dir(model)
     assert len(losses[1]) == len(losses[2]) == 2
     for step, (one, two) in enumerate(zip(losses[1], losses[2], strict=True), start=1):
-        bound = loss_atol(one, config, tokens=1024, seq_len=128, logit_scale=scale, passes=2 * step - 1)
+        bound = bounds.loss_atol(one, tokens=1024, seq_len=128, passes=2 * step - 1)
         assert abs(one - two) <= bound, (step, losses, bound)

@@ -16,12 +16,7 @@ import torch
 from qwen3_titan_common.commands.eval import eval_model_builder
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.models.routing import router_balance_loss, take_routing
-from qwen3_titan_common.testing.tolerance import (
-    assert_close_reduction,
-    checkpoint_config,
-    qwen3_forward_lengths,
-    reduction_atol,
-)
+from qwen3_titan_common.testing.tolerance import assert_close_reduction, qwen3_forward_lengths, reduction_atol
 from qwen3_titan_common.train.router_balance import counted_tokens
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX
@@ -96,10 +91,10 @@ def _batch(padded: bool):
 def test_balance_loss_equals_transformers(checkpoint, backend, padded):
     path, reference = checkpoint
     reference.zero_grad(set_to_none=True)
-    layers = range(open_model_dir(path).architecture.num_hidden_layers)
+    weights = open_model_dir(path)
+    layers = range(weights.architecture.num_hidden_layers)
     reference_terms = GateTerms(reference, [f"model.layers.{layer}.mlp.gate" for layer in layers])
     tokens, labels, positions, attention_mask = _batch(padded)
-    weights = open_model_dir(path)
     model = _builder(backend)(
         weights.architecture, weights, dtype=torch.float32, seq_len=SEQ, routing_recorded=True
     ).train()
@@ -226,7 +221,7 @@ def test_global_batch_scope_on_two_ranks_equals_one_rank_on_the_whole_batch(chec
         assert abs(two_term - one_term) <= reduction_atol(chain, one_term), (two_term, one_term)
         # A router's gradient: a sum over the 192 tokens of logit gradients that carry the language-model
         # loss's backward (a forward's chain again) on top of its forward and the balance term's chain.
-        backward = 2 * qwen3_forward_lengths(checkpoint_config(path), SEQ)
+        backward = 2 * qwen3_forward_lengths(arch, SEQ)
         for name, grad in one_grads.items():
             assert_close_reduction(
                 two_grads[name], grad, (4 * SEQ, *backward, *chain), abs_sums[name], name=name

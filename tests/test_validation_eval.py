@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines, parse_validation_lines
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_scale, loss_atol
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 BIN = Path(sys.executable).parent
@@ -27,10 +27,7 @@ PRINTED_LOSS, PRINTED_PPL = 0.5e-5, 0.005
 
 def _loss_bound(loss: float, model_dir: Path) -> float:
     """Two fp32 evaluations of one model on the eval rows: the derived bound (see the tolerance module)."""
-    config = checkpoint_config(model_dir)
-    return loss_atol(
-        loss, config, tokens=EVAL_TOKENS, seq_len=EVAL_SEQ_LEN, logit_scale=logit_scale(model_dir)
-    )
+    return ModelBounds.from_dir(model_dir).loss_atol(loss, tokens=EVAL_TOKENS, seq_len=EVAL_SEQ_LEN)
 
 
 def _env(backend: str) -> dict[str, str]:

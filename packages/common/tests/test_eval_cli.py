@@ -7,7 +7,7 @@ import pytest
 import torch
 from qwen3_titan_common.commands.eval import main
 from qwen3_titan_common.data.validation import ValidationDataLoader
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_scale, loss_atol
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import HuggingFaceTokenizer
@@ -63,9 +63,7 @@ def test_loss_is_transformers_loss_on_the_held_out_rows(capsys, request, kind):
     expected, tokens = _transformers_loss(path, 64, 3)
     assert result["tokens"] == tokens == 3 * 4 * 64
     # Two fp32 implementations of one model on the same rows: the derived bound of their mean loss.
-    bound = loss_atol(
-        expected, checkpoint_config(path), tokens=tokens, seq_len=64, logit_scale=logit_scale(path)
-    )
+    bound = ModelBounds.from_dir(path).loss_atol(expected, tokens=tokens, seq_len=64)
     assert abs(result["loss"] - expected) <= bound
     assert result["perplexity"] == pytest.approx(math.exp(result["loss"]))
     assert report["data"] == "the held-out part of the embedded corpus"
@@ -86,9 +84,7 @@ def test_the_loss_does_not_depend_on_the_batch_size(capsys, tmp_path, dense):
     assert by_batch[0]["rows"] % 8 == 0 and by_batch[1]["rows"] % 3 == 0
     # One model on rows batched another way (other matmul shapes, other sums): the derived bound.
     loss, tokens = by_batch[1]["loss"], by_batch[1]["tokens"]
-    bound = loss_atol(
-        loss, checkpoint_config(dense), tokens=tokens, seq_len=32, logit_scale=logit_scale(dense)
-    )
+    bound = ModelBounds.from_dir(dense).loss_atol(loss, tokens=tokens, seq_len=32)
     assert abs(by_batch[0]["loss"] - loss) <= bound
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import build_titan_qwen3
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_atol, logit_scale
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 
@@ -26,7 +26,7 @@ def test_titan_logits_equal_transformers(tmp_path, moe, tied, dtype, shard):
     )
     with torch.no_grad():
         diff = (titan(tokens) - reference(tokens).logits).abs().max().item()
-    assert diff <= logit_atol(checkpoint_config(path), seq_len=tokens.shape[1], logit_scale=logit_scale(path))
+    assert diff <= ModelBounds.from_dir(path).logit_atol(seq_len=tokens.shape[1])
 
 
 def test_moe_per_expert_keys_are_on_disk(tmp_path):

@@ -35,7 +35,7 @@ from qwen3_titan_common.models.lora import (
 )
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 from qwen3_titan_common.perf.optimizer_state import describe_trainable, optimizer_state_bytes
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_atol, logit_scale
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_common.train.lora import LoRAOptions, check_lora_options
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.config import ParallelismConfig
@@ -96,7 +96,7 @@ def test_fused_qkv_with_separate_adapters_computes_what_peft_computes(tmp_path, 
     with torch.no_grad():
         ours, theirs = model(tokens), reference(tokens).logits
     # Two fp32 implementations of one model (no adapter on the final norm or the output layer).
-    bound = logit_atol(checkpoint_config(source), seq_len=tokens.shape[1], logit_scale=logit_scale(source))
+    bound = ModelBounds.from_dir(source).logit_atol(seq_len=tokens.shape[1])
     assert (ours - theirs).abs().max().item() <= bound
     with torch.no_grad(), reference.disable_adapter():
         assert (ours - reference(tokens).logits).abs().max().item() > 1e-3  # the adapters do change the model

@@ -238,12 +238,13 @@ def test_sdpa_attention_masks_each_packed_document_and_always_builds_its_mask():
     ours = AutoModelForCausalLM.from_config(config, attn_implementation=DOCUMENT_SDPA).eval()
     reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     reference.load_state_dict(ours.state_dict())
-    from qwen3_titan_common.testing.tolerance import logit_atol, logit_scale
+    from qwen3_titan_common.testing.tolerance import ModelBounds
 
     tokens = torch.randint(0, 64, (2, 12))
     positions = torch.tensor([list(range(5)) + list(range(7)), list(range(12))])
     # One model computed two ways (another attention, another row length): the derived bound of a logit.
-    bound = logit_atol(config.to_dict(), seq_len=12, logit_scale=logit_scale(ours.state_dict()))
+    architecture = architecture_from_config(config.to_dict())
+    bound = ModelBounds.from_state_dict(architecture, ours.state_dict()).logit_atol(seq_len=12)
     with torch.no_grad():
         packed = ours(tokens, position_ids=positions, use_cache=False).logits
         assert torch.allclose(

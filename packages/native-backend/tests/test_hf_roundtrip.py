@@ -12,7 +12,7 @@ import torch
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import build_titan_qwen3
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_atol, logit_scale, loss_atol
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 
@@ -38,7 +38,7 @@ def _logits_over_bound(path: Path) -> float:
     )
     with torch.no_grad():
         diff = (titan(tokens) - reference(tokens).logits).abs().max().item()
-    return diff / logit_atol(checkpoint_config(path), seq_len=tokens.shape[1], logit_scale=logit_scale(path))
+    return diff / ModelBounds.from_dir(path).logit_atol(seq_len=tokens.shape[1])
 
 
 @pytest.mark.slow
@@ -104,7 +104,5 @@ def test_loss_continues_across_export_and_reload(tmp_path):
     assert abs(random_start - math.log(4096)) < 0.5
     assert reloaded_first_step < random_start - 1.5
     # The step line's loss (5 decimals) and transformers' on one batch of the debug shape: the derived bound.
-    bound = loss_atol(
-        reference, checkpoint_config(export), tokens=8 * 256, seq_len=256, logit_scale=logit_scale(export)
-    )
+    bound = ModelBounds.from_dir(export).loss_atol(reference, tokens=8 * 256, seq_len=256)
     assert abs(reloaded_first_step - reference) <= bound + 0.5e-5

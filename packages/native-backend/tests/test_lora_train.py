@@ -16,7 +16,7 @@ import peft
 import pytest
 import torch
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.tolerance import checkpoint_config, logit_atol, logit_scale, loss_atol
+from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.trained import load_trained_model
 from safetensors.torch import load_file
@@ -34,9 +34,7 @@ EVAL_SEQ_LEN = 256  # eval's default --seq-len
 
 def _logit_bound(model_dir: Path) -> float:
     """Two fp32 implementations of one model's logits on ``_tokens()``: the derived bound (tolerance module)."""
-    return logit_atol(
-        checkpoint_config(model_dir), seq_len=_tokens().shape[1], logit_scale=logit_scale(model_dir)
-    )
+    return ModelBounds.from_dir(model_dir).logit_atol(seq_len=_tokens().shape[1])
 
 
 def _train(args, cwd):
@@ -185,10 +183,9 @@ def test_training_continues_from_an_exported_adapter(lora_run, tmp_path):
         logits.flatten(0, 1), labels.flatten(), ignore_index=-100
     ).item()
     print(f"first-batch loss: base {first:.5f}, with the adapter {continued:.5f} (peft: {expected:.5f})")
-    bound = loss_atol(
-        expected, checkpoint_config(source), tokens=int((labels != -100).sum()), seq_len=128,
-        logit_scale=logit_scale(out / "hf" / f"step-{STEPS}"),
-    )  # fmt: skip
+    # The merged export is the adapted model the continued run starts from.
+    bounds = ModelBounds.from_dir(out / "hf" / f"step-{STEPS}")
+    bound = bounds.loss_atol(expected, tokens=int((labels != -100).sum()), seq_len=128)
     assert abs(continued - expected) <= bound + PRINTED_LOSS
     assert abs(continued - first) > 1e-3
 
@@ -240,10 +237,9 @@ def test_eval_and_verify_take_the_adapter_folder(lora_run):
     as_merged = _eval(str(merged), cwd=out.parent)["results"][0]
     base = _eval(str(source), cwd=out.parent)["results"][0]
     # The adapter as a side branch (peft) or merged into the weights (fp32): one model, the derived bound.
-    bound = loss_atol(
-        as_merged["loss"], checkpoint_config(merged), tokens=as_merged["tokens"], seq_len=EVAL_SEQ_LEN,
-        logit_scale=logit_scale(merged),
-    )  # fmt: skip
+    bound = ModelBounds.from_dir(merged).loss_atol(
+        as_merged["loss"], tokens=as_merged["tokens"], seq_len=EVAL_SEQ_LEN
+    )
     assert abs(on_base["loss"] - as_merged["loss"]) <= bound, (on_base, as_merged, bound)
     assert abs(on_base["loss"] - base["loss"]) > 1e-4  # the adapter changed the model: the check can fail
     verify = str(Path(sys.executable).with_name("verify-checkpoint"))

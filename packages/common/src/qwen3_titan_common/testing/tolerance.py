@@ -26,12 +26,14 @@ the sum accumulates in (``torch.finfo``): bf16 and fp16 follow the same rule.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
+
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.hf.model_dir import open_model_dir
 
 LAMBDA = 10.0
 
@@ -74,80 +76,92 @@ def assert_close_reduction(
         )
 
 
-def qwen3_forward_lengths(config: Mapping, seq_len: int) -> list[int]:
+def qwen3_forward_lengths(architecture: Qwen3Architecture, seq_len: int) -> list[int]:
     """The reductions one token's logits pass through in a Qwen3 (or Qwen3-MoE) forward, per the rule's chains.
 
-    ``config``: the checkpoint's ``config.json``. Per layer: two RMSNorms and the q/k norms (mean squares),
-    the q/k/v projections, q.k, the softmax's sum and its weighted sum of values over ``seq_len``
-    positions, the output projection, then the MLP (gate and up, down) or the MoE's router, its experts'
-    MLPs and the top-k weighted sum; then the final norm and the output projection.
+    Per layer: two RMSNorms and the q/k norms (mean squares), the q/k/v projections, q.k, the softmax's
+    sum and its weighted sum of values over ``seq_len`` positions, the output projection, then the MLP
+    (gate and up, down) or the MoE's router, its experts' MLPs and the top-k weighted sum; then the final
+    norm and the output projection.
     """
-    hidden, head_dim = (
-        config["hidden_size"],
-        config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+    hidden, head_dim, heads = (
+        architecture.hidden_size,
+        architecture.head_dim,
+        architecture.num_attention_heads,
     )
     attention = [hidden, hidden, head_dim, head_dim, hidden, hidden, hidden, head_dim, seq_len, seq_len]
-    attention.append(config["num_attention_heads"] * head_dim)
-    if config.get("num_experts"):
-        top_k = config["num_experts_per_tok"]
-        mlp = [hidden, top_k, hidden, hidden, config["moe_intermediate_size"], top_k]
+    attention.append(heads * head_dim)
+    moe = architecture.moe
+    if moe is not None:
+        top_k = moe.num_experts_per_tok
+        mlp = [hidden, top_k, hidden, hidden, moe.moe_intermediate_size, top_k]
     else:
-        mlp = [hidden, hidden, config["intermediate_size"]]
-    return config["num_hidden_layers"] * (attention + mlp) + [hidden, hidden]
+        mlp = [hidden, hidden, architecture.intermediate_size]
+    return architecture.num_hidden_layers * (attention + mlp) + [hidden, hidden]
 
 
-def logit_atol(config: Mapping, *, seq_len: int, logit_scale: float, passes: int = 1, dtype=torch.float32):
-    """The rule's bound on one logit computed by two implementations (or reduction orders) of one model.
+_LOGIT_WEIGHTS = ("model.norm.weight", "lm_head.weight", "model.embed_tokens.weight")
 
-    ``logit_scale`` bounds sum |terms| of a logit, |h| |w_j| (Cauchy-Schwarz): see :func:`logit_scale`;
-    every earlier stage's input is RMS-normalised to the same scale, so it stands for theirs too.
-    ``passes``: the forward chains the compared values went through, as for :func:`loss_atol`.
+
+@dataclass(frozen=True)
+class ModelBounds:
+    """The rule's bounds on a whole Qwen3's logits and loss, computed by two implementations of one model
+    (or two reduction orders, two parallel layouts).
+
+    ``logit_scale`` bounds sum |terms| of any logit, |h| |w_j| (Cauchy-Schwarz): the final RMSNorm's output
+    has a root mean square of 1 times its weight, so |h| <= sqrt(hidden) max|weight|, and |w_j| is the
+    longest row of the output projection (the embedding when tied). Every earlier stage's input is
+    RMS-normalised to the same scale, so it stands for theirs too.
     """
-    return reduction_atol(passes * qwen3_forward_lengths(config, seq_len), logit_scale, dtype)
 
+    architecture: Qwen3Architecture
+    logit_scale: float
 
-def loss_atol(
-    loss: float, config: Mapping, *, tokens: int, seq_len: int, logit_scale: float, passes: int = 1,
-    dtype=torch.float32,
-) -> float:  # fmt: skip
-    """The rule's bound on a mean cross-entropy computed by two implementations of one model.
-
-    Three parts add: the mean over ``tokens`` losses (each >= 0: their sum |terms| / tokens is ``loss``),
-    the log-sum-exp over the vocabulary (a relative error of the sum of exponentials, at most 1 in
-    each's scale, is an absolute one of its log) and the logits (a logit's error moves a token's loss by at
-    most twice it: the target's and the softmax-weighted others'). ``passes``: forward chains behind the
-    compared values: 1 for one model's loss; 2k - 1 for a training run's step-k loss (each optimizer step
-    adds the backward's chains to the weights, to first order the forward's again, Adam's update no more
-    sensitive to its gradient's relative error than the gradient).
-    """
-    return (
-        reduction_atol(tokens, loss, dtype)
-        + reduction_atol(config["vocab_size"], 1.0, dtype)
-        + 2 * logit_atol(config, seq_len=seq_len, logit_scale=logit_scale, passes=passes, dtype=dtype)
-    )
-
-
-def logit_scale(weights) -> float:
-    """A bound of sum |terms| of any logit of a Hugging Face Qwen3: its folder (safetensors) or state dict.
-
-    The final RMSNorm's output has a root mean square of 1 times its weight: |h| <= sqrt(hidden) max|weight|;
-    |w_j| is the longest row of the output projection (the embedding when tied).
-    """
-    wanted = ("model.norm.weight", "lm_head.weight", "model.embed_tokens.weight")
-    if isinstance(weights, Mapping):
-        found = {key: weights[key].detach().float() for key in wanted if key in weights}
-    else:
+    @classmethod
+    def from_dir(cls, path) -> ModelBounds:
+        """From a Hugging Face checkpoint folder: its config.json and the tensors its index names."""
         from safetensors import safe_open
 
-        found = {}
-        for path in sorted(Path(weights).glob("*.safetensors")):
-            with safe_open(str(path), "pt") as file:
-                found.update((key, file.get_tensor(key).float()) for key in file.keys() if key in wanted)
-    norm = found["model.norm.weight"]
-    output = found.get("lm_head.weight", found["model.embed_tokens.weight"])
-    return math.sqrt(norm.numel()) * norm.abs().max().item() * output.norm(dim=1).max().item()
+        model_dir = open_model_dir(path)
+        weights = {}
+        for key in _LOGIT_WEIGHTS:
+            if key in model_dir.tensors:
+                with safe_open(str(model_dir.tensors[key].file), framework="pt") as file:
+                    weights[key] = file.get_tensor(key)
+        return cls.from_state_dict(model_dir.architecture, weights)
 
+    @classmethod
+    def from_state_dict(cls, architecture: Qwen3Architecture, state_dict: Mapping) -> ModelBounds:
+        """From a model's architecture and its Hugging Face state dict."""
+        found = {key: state_dict[key].detach().float() for key in _LOGIT_WEIGHTS if key in state_dict}
+        norm = found["model.norm.weight"]
+        output = found.get("lm_head.weight", found["model.embed_tokens.weight"])
+        scale = math.sqrt(norm.numel()) * norm.abs().max().item() * output.norm(dim=1).max().item()
+        return cls(architecture, scale)
 
-def checkpoint_config(model_dir) -> dict:
-    """The ``config.json`` of a Hugging Face checkpoint folder."""
-    return json.loads((Path(model_dir) / "config.json").read_text())
+    def logit_atol(self, *, seq_len: int, passes: int = 1, dtype=torch.float32):
+        """The bound on one logit. ``passes``: the forward chains behind the compared values, as for
+        :meth:`loss_atol`."""
+        return reduction_atol(
+            passes * qwen3_forward_lengths(self.architecture, seq_len), self.logit_scale, dtype
+        )
+
+    def loss_atol(
+        self, loss: float, *, tokens: int, seq_len: int, passes: int = 1, dtype=torch.float32
+    ) -> float:
+        """The bound on a mean cross-entropy over ``tokens`` tokens.
+
+        Three parts add: the mean over ``tokens`` losses (each >= 0: their sum |terms| / tokens is
+        ``loss``), the log-sum-exp over the vocabulary (a relative error of the sum of exponentials, at
+        most 1 in each's scale, is an absolute one of its log) and the logits (a logit's error moves a
+        token's loss by at most twice it: the target's and the softmax-weighted others'). ``passes``:
+        forward chains behind the compared values: 1 for one model's loss; 2k - 1 for a training run's
+        step-k loss (each optimizer step adds the backward's chains to the weights, to first order the
+        forward's again, Adam's update no more sensitive to its gradient's relative error than the
+        gradient).
+        """
+        return (
+            reduction_atol(tokens, loss, dtype)
+            + reduction_atol(self.architecture.vocab_size, 1.0, dtype)
+            + 2 * self.logit_atol(seq_len=seq_len, passes=passes, dtype=dtype)
+        )
