@@ -23,7 +23,7 @@ UPSTREAM = ("torch", "torchtitan")
 
 # common's layers, lowest first: a module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "compat", "testing"},  # testing: the tests' helpers (torch only)
+    {"errors", "compat"},
     {"runtime"},
     {"arch"},
     {"perf", "assets"},
@@ -31,6 +31,7 @@ LAYERS = [
     {"hf", "data"},
     {"train"},
     {"cli", "commands"},
+    {"testing"},  # the tests' helpers: they read checkpoints as the code under test does
 ]
 
 

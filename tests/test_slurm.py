@@ -37,13 +37,35 @@ def _write_script(workdir: Path) -> Path:
     return script
 
 
-def _wait_for_step(log: Path, step: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and any(s.step >= step for s in parse_step_lines(log.read_text(errors="replace"))):
-            return
+# How long the job may go without writing a line before it counts as hung. The wait is on progress, not
+# on a total: on a loaded machine the same steps take several times longer, and still arrive.
+STALL_S = 600
+
+
+def _wait_while_writing(cluster, job: str, log: Path, done) -> dict[str, str]:
+    """Wait until ``done(fields, text)``; raise once the job ends without it or stops writing for STALL_S."""
+    seen, last_change = None, time.monotonic()
+    while True:
+        fields = cluster.job(job)
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if done(fields, text):
+            return fields
+        if fields.get("JobState") in ENDED:
+            raise RuntimeError(f"job {job} ended {fields.get('JobState')} before it was expected to")
+        now = (fields.get("JobState"), fields.get("Restarts"), len(text))
+        if now != seen:
+            seen, last_change = now, time.monotonic()
+        elif time.monotonic() - last_change > STALL_S:
+            raise TimeoutError(f"job {job} wrote nothing to {log} for {STALL_S} s ({now[0]})")
         time.sleep(0.5)
-    raise TimeoutError(f"no step {step} in {log} after {timeout:.0f} s")
+
+
+def _past_step(step: int):
+    return lambda fields, text: any(s.step >= step for s in parse_step_lines(text))
+
+
+def _ended(fields: dict[str, str], text: str) -> bool:
+    return fields.get("JobState") in ENDED
 
 
 @pytest.mark.slow
@@ -63,9 +85,9 @@ def test_sbatch_script_trains_exports_and_resumes_when_requeued(tmp_path):
         job = cluster.sbatch(script)
         log = workdir / f"slurm-qwen3-titan-debug-{job}.out"
         try:
-            _wait_for_step(log, REQUEUE_AFTER, timeout=600)
+            _wait_while_writing(cluster, job, log, _past_step(REQUEUE_AFTER))
             cluster.requeue_now(job)
-            fields = cluster.wait_for_state(job, ENDED, timeout=900)
+            fields = _wait_while_writing(cluster, job, log, _ended)
         except (TimeoutError, RuntimeError) as err:
             text = log.read_text(errors="replace")[-4000:] if log.exists() else "(no job output)"
             pytest.fail(f"{err}\n{text}\n{cluster.log_tail()}")
