@@ -1,16 +1,18 @@
-"""tools.ci: its counting, its GitHub workflows, the one pytest config, and (slow) the proof that a dropped
-dependency fails."""
+"""tools.ci: its counting, its lanes, its GitHub workflows, the one pytest config, and (slow) the proof that a
+dropped dependency fails."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import tomllib
 from pathlib import Path
 
 import pytest
 
-from tools.ci import environment, packages, pytest_run, workflows
+from tools.ci import environment, lanes, packages, process, pytest_run, workflows
 from tools.ci.results import Result, summarize
 from tools.ci.self_check import drop_dependency
 
@@ -171,3 +173,90 @@ def test_self_check_a_dropped_dependency_fails_its_package_and_names_the_import(
     assert proc.returncode == 0, out[-4000:]
     assert 'static check failed as expected: add "common" to its [project].dependencies' in out
     assert "isolated run failed as expected, missing modules: " in out and "qwen3_titan_common" in out
+
+
+def _child_printing(tag: str, lines: int) -> list[str]:
+    # A real child process whose lines arrive one by one, as a pytest run's do.
+    code = f"import time\nfor i in range({lines}):\n    print('{tag}', i, flush=True)\n    time.sleep(0.01)"
+    return [sys.executable, "-c", code]
+
+
+def test_two_lanes_run_steps_side_by_side_and_report_in_the_given_order():
+    b_started = threading.Event()
+
+    def a() -> list[Result]:
+        # Returns only once b has started: with two lanes b runs meanwhile, one at a time it never would.
+        return [Result("a", passed=int(b_started.wait(timeout=60)))]
+
+    def b() -> list[Result]:
+        b_started.set()
+        return [Result("b", passed=1)]
+
+    steps = [lanes.Step("b", b, weight=0), lanes.Step("a", a, weight=1)]
+    results = lanes.run_steps(steps, lanes=2)
+    assert [(r.name, r.passed) for r in results] == [("b", 1), ("a", 1)]
+
+
+def test_one_lane_runs_the_heaviest_first_and_a_raising_step_is_one_failure():
+    order = []
+
+    def step(name: str):
+        def run() -> list[Result]:
+            order.append(name)
+            if name == "broken":
+                raise RuntimeError("no junit.xml")
+            return [Result(name, passed=1)]
+
+        return run
+
+    steps = [lanes.Step("light", step("light"), 0), lanes.Step("broken", step("broken"), 5)]
+    steps.append(lanes.Step("heavy", step("heavy"), 9))
+    results = lanes.run_steps(steps, lanes=1)
+    assert order == ["heavy", "broken", "light"]
+    assert [r.name for r in results] == ["light", "broken", "heavy"]
+    assert results[1].failed == 1 and results[1].notes == ["RuntimeError: no junit.xml"]
+
+
+def test_a_step_beside_another_prints_its_output_as_one_block(capsys):
+    def streaming(tag: str):
+        def run() -> list[Result]:
+            status, _ = process.stream(_child_printing(tag, 40), dict(os.environ))
+            return [Result(tag, passed=int(status == 0))]
+
+        return run
+
+    results = lanes.run_steps(
+        [lanes.Step("live", streaming("live"), 1), lanes.Step("aside", streaming("aside"), 0)], 2
+    )
+    assert [r.passed for r in results] == [1, 1]
+    out = capsys.readouterr().out.splitlines()
+    start = out.index("ci: ---- aside: output ----")
+    end = out.index("ci: ---- aside: end of output ----")
+    assert out[start + 1 : end] == [f"aside {i}" for i in range(40)]
+    assert sorted(line for line in out if line.startswith("live ")) == sorted(f"live {i}" for i in range(40))
+
+
+def test_slow_weight_counts_the_slow_marks_of_a_steps_tests(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/test_a.py").write_text(
+        "@pytest.mark.slow\ndef test_x(): ...\n@pytest.mark.slow\ndef test_y(): ...\n"
+    )
+    (tmp_path / "tests/test_b.py").write_text("pytestmark = pytest.mark.slow\n")
+    (tmp_path / "tests/helper.py").write_text("pytest.mark.slow\n")  # not a test file
+    assert lanes.slow_weight([tmp_path / "tests", tmp_path / "absent"]) == 3
+
+
+def test_jobs_below_one_is_refused_in_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.ci", "--jobs", "0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--jobs 0: expected at least 1 (steps run side by side)")
+    )

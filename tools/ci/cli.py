@@ -8,20 +8,22 @@ import sys
 import time
 
 from tools.ci.environment import ENVS
+from tools.ci.lanes import Step, default_lanes, run_steps, slow_weight
 from tools.ci.package_run import run_package
-from tools.ci.packages import discover, normalize
+from tools.ci.packages import ROOT, Package, discover, normalize
 from tools.ci.process import say
+from tools.ci.pytest_run import workspace_test_paths
 from tools.ci.results import summarize
 from tools.ci.self_check import DEFAULT as DEFAULT_SELF_CHECK
 from tools.ci.self_check import self_check
 from tools.ci.workflows import write_workflows
-from tools.ci.workspace_run import run_workspace
+from tools.ci.workspace_run import run_lint, run_tests
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tools.ci",
-        description="Per-package CI: each package in its own environment, then the workspace.",
+        description="Per-package CI: each package in its own environment, and the workspace, two steps at a time.",
     )
     p.add_argument(
         "--package", action="append", metavar="NAME", help="only this package (repeatable); no root step"
@@ -29,6 +31,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-root", action="store_true", help="packages only: no root tests, no lint")
     p.add_argument("--root-only", action="store_true", help="root tests and lint only")
     p.add_argument("--no-lint", action="store_true", help="skip ruff check / ruff format --check")
+    p.add_argument(
+        "-j", "--jobs", type=int, default=default_lanes(), metavar="N",
+        help="steps run side by side, heaviest first (default %(default)s: this machine's cores, at most 2)",
+    )  # fmt: skip
     p.add_argument("-k", metavar="EXPR", help="passed to pytest")
     p.add_argument("-m", metavar="MARKEXPR", help="passed to pytest")
     p.add_argument(
@@ -45,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     cli = parser()
     args = cli.parse_args(argv)
+    if args.jobs < 1:
+        cli.error(f"--jobs {args.jobs}: expected at least 1 (steps run side by side)")
     if shutil.which("uv") is None:
         cli.error("uv is not on PATH: `pip install uv`")
     if args.write_workflows:
@@ -67,9 +75,29 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.monotonic()
     say(
-        f"packages: {', '.join(p.name for p in selected) or 'none'}; root tests and lint: {'yes' if run_root else 'no'}"
+        f"packages: {', '.join(p.name for p in selected) or 'none'}; root tests and lint: {'yes' if run_root else 'no'}; "
+        f"{args.jobs} at a time"
     )
-    results = [run_package(p, ENVS, pytest_args) for p in selected]
+    steps = [package_step(p, pytest_args) for p in selected]
     if run_root:
-        results += run_workspace(ENVS, pytest_args, lint=not args.no_lint)
+        steps.append(
+            Step(
+                "workspace tests/",
+                lambda: [run_tests(ENVS, pytest_args)],
+                slow_weight([ROOT / path for path in workspace_test_paths()]),
+            )
+        )
+        if not args.no_lint:
+            steps.append(
+                Step("lint", lambda: [run_lint()], weight=-1)
+            )  # seconds: whichever lane is free last
+    results = run_steps(steps, args.jobs)
     return summarize(results, time.monotonic() - start)
+
+
+def package_step(package: Package, pytest_args: list[str]) -> Step:
+    return Step(
+        package.name,
+        lambda: [run_package(package, ENVS, pytest_args)],
+        slow_weight([package.folder / "tests"]),
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tools.ci.packages import ROOT, Package
-from tools.ci.process import stream, uv_environ
+from tools.ci.process import emit, stream, uv_environ
 
 ENVS = ROOT / ".ci-envs"
 TEST_RUNNER = "pytest"
@@ -38,5 +38,5 @@ def sync(package: Package, env_dir: Path) -> tuple[int, str]:
     # uv lists every package it adds or removes; keep its summary lines.
     for line in output.splitlines():
         if status != 0 or not line.startswith((" + ", " - ", " ~ ")):
-            print(f"  {line}", flush=True)
+            emit(f"  {line}\n")
     return status, output

@@ -1,17 +1,54 @@
-"""Running commands: output echoed as it comes, and the environments a package's run sees."""
+"""Running commands: output echoed as it comes, and the environments a package's run sees.
+
+Output goes through ``emit``: to the terminal, or, in a step that runs beside another (``lanes``),
+to that step's buffer, printed as one block when the step ends.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tools.ci.packages import ROOT
 
+_TERMINAL = threading.Lock()
+_sink = threading.local()
+
+
+def emit(text: str) -> None:
+    buffer = getattr(_sink, "buffer", None)
+    if buffer is not None:
+        buffer.append(text)
+        return
+    with _TERMINAL:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+def emit_block(text: str) -> None:
+    """Writes text to the terminal at once: no other step's line lands inside it."""
+    with _TERMINAL:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+@contextmanager
+def buffered() -> Iterator[list[str]]:
+    """This thread's output collects in the yielded list instead of reaching the terminal."""
+    _sink.buffer = lines = []
+    try:
+        yield lines
+    finally:
+        _sink.buffer = None
+
 
 def say(message: str) -> None:
-    print(f"ci: {message}", flush=True)
+    emit(f"ci: {message}\n")
 
 
 def stream(cmd: list[str], env: dict[str, str], cwd: Path = ROOT, echo: bool = True) -> tuple[int, str]:
@@ -24,8 +61,7 @@ def stream(cmd: list[str], env: dict[str, str], cwd: Path = ROOT, echo: bool = T
     for line in proc.stdout:
         lines.append(line)
         if echo:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+            emit(line)
     return proc.wait(), "".join(lines)
 
 

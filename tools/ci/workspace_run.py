@@ -1,4 +1,4 @@
-"""The workspace step: the root config's other testpaths and ruff, with every package installed."""
+"""The workspace steps, with every package installed: the root config's other testpaths, and ruff."""
 
 from __future__ import annotations
 
@@ -49,8 +49,3 @@ def run_lint() -> Result:
             result.notes.append(" ".join(cmd) + " failed")
     result.seconds = time.monotonic() - start
     return result
-
-
-def run_workspace(envs: Path, pytest_args: list[str], lint: bool) -> list[Result]:
-    """Root tests and ruff, in the workspace environment with every package installed."""
-    return [run_tests(envs, pytest_args), *([run_lint()] if lint else [])]
