@@ -88,9 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         if not args.no_lint:
-            steps.append(
-                Step("lint", lambda: [run_lint()], weight=-1)
-            )  # seconds: whichever lane is free last
+            # Seconds long: last, on whichever lane is free first.
+            steps.append(Step("lint", lambda: [run_lint()], weight=-1))
     results = run_steps(steps, args.jobs)
     return summarize(results, time.monotonic() - start)
 

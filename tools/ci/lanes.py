@@ -83,7 +83,7 @@ def run_steps(steps: list[Step], lanes: int) -> list[Result]:
                 return
             done[step.name] = _run_guarded(step) if index == 0 else _run_aside(step)
 
-    threads = [threading.Thread(target=lane, args=(i,), name=f"ci-lane-{i}") for i in range(max(1, lanes))]
+    threads = [threading.Thread(target=lane, args=(i,), name=f"ci-lane-{i}") for i in range(lanes)]
     for thread in threads:
         thread.start()
     for thread in threads:

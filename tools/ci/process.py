@@ -24,10 +24,8 @@ def emit(text: str) -> None:
     buffer = getattr(_sink, "buffer", None)
     if buffer is not None:
         buffer.append(text)
-        return
-    with _TERMINAL:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+    else:
+        emit_block(text)
 
 
 def emit_block(text: str) -> None:
