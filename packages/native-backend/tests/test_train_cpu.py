@@ -1,6 +1,7 @@
 """The embedded default trains end to end through the real launcher and Trainer."""
 
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -29,6 +30,9 @@ def test_default_config_trains_logs_and_checkpoints(tmp_path):
     assert steps[-1].loss < steps[0].loss - 1.5
     assert all(s.tokens_per_second > 0 and s.memory_gib > 0 for s in steps)
     assert "device: cpu x1" in log
+    from qwen3_titan_common.perf.precision import default_compute_precision, precision_line
+
+    assert f"[precision] {precision_line(default_compute_precision('cpu').dtype, 'cpu')}" in log
     checkpoint = tmp_path / "out" / "checkpoint" / "step-30"
     assert checkpoint.is_dir() and any(checkpoint.iterdir())
 
@@ -92,3 +96,26 @@ def test_upstream_form_trains_on_cpu(tmp_path):
     # No launcher to print it: the rank logs the summary itself.
     assert "[summary] done: steps 1-2 of 2" in log
     assert "[summary] resume:     no step checkpoint (--checkpoint.no-enable): a rerun starts over" in log
+
+
+def test_config_functions_take_this_cpus_default_precision(monkeypatch):
+    from qwen3_titan_common.perf.precision import cpu_compute_precision, cpu_flags
+    from qwen3_titan_native.config_registry import debug
+
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    expected = cpu_compute_precision(cpu_flags(), platform.machine())
+    assert debug().training.mixed_precision_param == expected.dtype
+    # oneDNN capped below its bf16 kernels: fp32 on every machine, whatever its flags.
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert debug().training.mixed_precision_param == "float32"
+
+
+@pytest.mark.slow
+def test_a_cpu_without_bf16_instructions_trains_in_fp32_and_says_so(tmp_path):
+    # ONEDNN_MAX_CPU_ISA=AVX2 keeps torch's bf16 GEMM off any bf16 instructions this CPU has: the slow kind.
+    env = {**CPU_ENV, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    quiet = ["--checkpoint.no-enable", "--hf.no-export", "--validator.no-enable"]
+    log = _train(["--steps", "2", *quiet, "--out", "out"], cwd=tmp_path, env=env)
+    assert "[precision] fp32 compute (" in log  # the reason: units in common's test_precision.py
+    assert [s.step for s in parse_step_lines(log)] == [1, 2]

@@ -99,12 +99,6 @@ def qwen3_4b_2507_checkpoint() -> HFCheckpointConfig:
     )
 
 
-def _runs_on_cuda() -> bool:
-    from qwen3_titan_common.runtime.device import detect_device
-
-    return detect_device().kind == "cuda"
-
-
 def build_trainer_config(
     arch: Qwen3Architecture,
     flavor: str,
@@ -119,7 +113,11 @@ def build_trainer_config(
     """A backend's run: ``trainer`` (``Qwen3Trainer`` or a backend's subclass) picks the Config class, and
     ``backend_fields`` fill that subclass's own fields. ``hf.model_dir``, when set, replaces ``arch`` with the
     directory's own at Trainer start."""
+    from qwen3_titan_common.runtime.device import detect_device
+    from qwen3_titan_common.perf.precision import default_compute_precision
+
     vocab_size = arch.vocab_size
+    device_kind = detect_device().kind
     return trainer.Config(
         model_spec=model_spec_builder(arch, flavor),
         architecture=arch,
@@ -145,6 +143,9 @@ def build_trainer_config(
             local_batch_size=shape.local_batch_size,
             seq_len=shape.seq_len,
             steps=shape.steps,
+            # bf16 only where the device computes it fast: a CPU without bf16 matrix instructions runs
+            # torch's bf16 GEMM about 100x slower than fp32 (perf.precision).
+            mixed_precision_param=default_compute_precision(device_kind).dtype,
         ),
         checkpoint=Qwen3CheckpointManager.Config(
             enable=True,
@@ -155,7 +156,7 @@ def build_trainer_config(
             enable=True, freq=shape.validation_interval, steps=shape.validation_batches
         ),
         activation_checkpoint=SelectiveAC.Config() if shape.activation_checkpointing else None,
-        compile=CompileConfig(enable=shape.compile_on_cuda and _runs_on_cuda()),
+        compile=CompileConfig(enable=shape.compile_on_cuda and device_kind == "cuda"),
         # Structured logs are Meta-internal tooling, written before any check could stop a bad run.
         debug=DebugConfig(seed=shape.seed, enable_structured_logging=False),
         **backend_fields,

@@ -68,7 +68,7 @@ def _local_numel(param) -> int:
 
 
 def _activation_bytes(config, layout, model_config) -> int:
-    # Per layer, per token, about 34 * hidden bytes of bf16 activations are kept for
+    # Per layer, per token, about 34 * hidden bytes of bf16 activations (twice that in fp32) are kept for
     # backward without recomputation (Korthikanti et al. 2022, attention scores not
     # materialised by SDPA); selective/full recomputation keeps far less. A rough
     # upper bound for planning, not a measurement.
@@ -79,6 +79,8 @@ def _activation_bytes(config, layout, model_config) -> int:
     layers = arch.num_hidden_layers if arch is not None else len(model_config.layers)
     tokens = config.training.local_batch_size * config.training.seq_len
     per_layer = 34 * hidden * tokens // (layout.tp * layout.cp)
+    if config.training.mixed_precision_param == "float32":
+        per_layer *= 2
     if config.activation_checkpoint is not None:
         per_layer //= 4
     return per_layer * layers
@@ -180,6 +182,13 @@ def dry_run(plan: PlannedJob) -> int:
     except LayoutError as err:
         raise UserInputError(str(err)) from None
     print(f"[dry-run] layout: {layout.describe()}")
+    from qwen3_titan_common.perf.precision import default_compute_precision, precision_line
+
+    # The dry run lays the job out on this machine's CPU, so the default is this CPU's; a job for
+    # another device kind is planned with its precision named on the command line.
+    asked, default = config.training.mixed_precision_param, default_compute_precision("cpu")
+    other = "; another device's: --training.mixed_precision_param" if asked == default.dtype else ""
+    print(f"[dry-run] precision: {precision_line(asked, 'cpu', default)}{other}")
 
     dist_utils.init_distributed(config.comm)
     parallel_dims = ParallelDims.from_config(config.parallelism, plan.world_size)
@@ -217,7 +226,8 @@ def dry_run(plan: PlannedJob) -> int:
         f"{estimate.params_per_rank:,} on rank 0{trained}"
     )
     print(
-        "[dry-run] memory per rank (fp32 params + grads + AdamW, bf16 activations, estimate): "
+        "[dry-run] memory per rank (fp32 params + grads + AdamW, "
+        f"{'bf16' if config.training.mixed_precision_param == 'bfloat16' else 'fp32'} activations, estimate): "
         f"params {estimate.param_bytes / GIB:.2f} GiB, grads {estimate.grad_bytes / GIB:.2f} GiB, "
         f"optimizer {estimate.optimizer_bytes / GIB:.2f} GiB, activations ~{estimate.activation_bytes / GIB:.2f} GiB"
         f" (batch {config.training.local_batch_size} x seq {config.training.seq_len}); "

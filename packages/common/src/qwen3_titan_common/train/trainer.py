@@ -42,6 +42,7 @@ from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
+from qwen3_titan_common.perf.precision import precision_line
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.model_record import (
@@ -254,6 +255,7 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         download_hint=config.hf.download_hint,
     )
     logger.info(f"[start] {start.message}")
+    logger.info(f"[precision] {precision_line(config.training.mixed_precision_param, titan_utils.device_type)}")
     changes: dict = {}
     architecture = config.architecture
     if config.hf.model_dir and start.kind == "resume":
