@@ -21,8 +21,8 @@ import sys
 import tempfile
 import time
 
-from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_common.perf.precision import describe_cpu
+from qwen3_titan_common.perf.train_log import parse_step_lines
 
 from tools.bench_dense_common import TRAIN, cpu_env
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
+
 TARGET_RATIO = 10
 # The `debug` config's shape (qwen3_titan_native.config_registry.debug).
 SEQ_LEN = 256
@@ -110,6 +112,7 @@ def main() -> None:
         "--train-steps", type=int, default=10, help="steps of the training run that measures it"
     )
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
 
     with tempfile.TemporaryDirectory() as tmp:
         qwen3_data, qwen3_tokenizer = _qwen3_chats(Path(tmp) / "qwen3.jsonl", 4000)

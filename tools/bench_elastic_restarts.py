@@ -29,6 +29,7 @@ import threading
 import time
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_testing.processes import descendants, kill, torchrun_worker
 
@@ -110,6 +111,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run before it counts as hung")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     results = []
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="elastic-") as tmp:

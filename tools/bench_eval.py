@@ -27,6 +27,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
+
 from tools.bench_dense_common import ROOT, TRAIN, cpu_env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -115,6 +117,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30, help="training steps (the debug config's: 30)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     r, n = args.repeats, args.steps
     with_validation, without, eval_fp32, eval_bf16 = [], [], [], []
     for _ in range(r):  # alternately, so that a change in the machine's load hits all alike

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from qwen3_titan_common.perf.precision import describe_cpu
 
 GB = 1000**3
 MIB = 1024**2
@@ -131,6 +132,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--child", default=None)
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     if args.child:
         print(json.dumps(child(args.child, args.workdir, args.size_gb, args.shard_mb)))
         return 0

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
+
 from tools.bench_dense_common import ROOT, trainer_tokens_per_second, transformers_loop_in_subprocess
 
 
@@ -105,6 +107,7 @@ def main() -> int:
     parser.add_argument("--fp32", action="store_true", help="trainers in fp32 (no bf16 mixed precision)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     extra = ["--training.mixed_precision_param", "float32"] if args.fp32 else []
     runs: dict[str, list[float]] = {"native": [], "hf_v5": [], "plain_fp32": [], "plain_bf16_autocast": []}
     for _ in range(args.repeats):

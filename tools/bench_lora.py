@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
+
 from tools.bench_dense_common import ROOT, TRAIN, cpu_env
 
 BACKEND = "native-backend"
@@ -194,6 +196,7 @@ def main() -> int:
     parser.add_argument("--full-depth-full-ft", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     figures = {}
     if not args.skip_embedded:
         figures["embedded_default"] = embedded_default(args.steps)

@@ -40,6 +40,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from qwen3_titan_common.perf.precision import describe_cpu
 
 TARGET = 3.0
 
@@ -299,6 +300,7 @@ def main() -> None:
         "(with --threads 1 it equals elapsed time on an idle one)",
     )
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     global clock
     clock = CLOCKS[args.clock]
     if args.threads:

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
+
 from tools.bench_dense_common import (
     QUIET,
     TRAIN,
@@ -101,6 +103,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--pairs", type=int, default=7, help="pairs of launches with --launch-against")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     if args.launch_against:
         return launch_pairs(args.launch_against, args.pairs)
     n, r = args.steps, args.repeats

@@ -53,6 +53,8 @@ import time
 import warnings
 from pathlib import Path
 
+from qwen3_titan_common.perf.precision import describe_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 TRL_PIN = "trl==1.16.0"
 TRL_COMMAND = f"uv run --with '{TRL_PIN}' python -m tools.bench_packing"
@@ -566,6 +568,7 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
+    print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     steps, trl_steps, warmup = STEPS[args.quick]
     steps, trl_steps = args.steps or steps, args.trl_steps or trl_steps
     warmup = warmup if args.warmup is None else args.warmup

@@ -9,6 +9,7 @@ Runs, one after another on this machine (never in parallel, so they do not share
   bench_hf_io.py       HF checkpoint load/export vs raw safetensors, with peak RSS
   bench_data.py        the data pipeline's batch rate vs the debug model's consumption
   bench_eval.py        validation's share of a debug run's wall time; eval's tokens/s vs training's
+  bench_cpu_precision.py  the default's compute precision vs fp32, on this CPU and without its bf16 instructions
 Each script prints its own figures with medians and spread; this collects every line that states a
 target (`... (target ...): met|MISSED`) into one table and writes all outputs to JSON. Absolute times
 depend on the machine and its load; only the ratios are meant to be compared. No test asserts on them.
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from qwen3_titan_common.perf.precision import describe_cpu
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -50,6 +53,12 @@ SUITE = [
     ("data pipeline vs model", "bench_data.py", [], ["--batches", "50"]),
     ("validation cost, eval vs training", "bench_eval.py", ["--repeats", "3"], ["--repeats", "1"]),
     ("packed chats vs one per row vs TRL", "bench_packing.py", [], ["--quick"]),
+    (
+        "default precision vs fp32, with and without bf16 instructions",
+        "bench_cpu_precision.py",
+        [],
+        ["--pairs", "1"],
+    ),
 ]
 _TARGET = re.compile(r"target|: (met|MISSED)\b", re.IGNORECASE)
 
@@ -78,6 +87,8 @@ def main() -> int:
         "--only", action="append", default=None, help="run only scripts whose name contains this"
     )
     args = parser.parse_args()
+    cpu = describe_cpu()
+    print(cpu, flush=True)  # figures from other CPUs are not comparable as they are
     results = []
     for title, script, full, quick in SUITE:
         if args.only and not any(o in script for o in args.only):
@@ -91,14 +102,16 @@ def main() -> int:
         result = run_one(script, quick if args.quick else full)
         result["title"] = title
         results.append(result)
-    print("\n| benchmark | seconds | status | figures against targets |\n|---|---|---|---|")
+    print(f"\n{cpu}\n\n| benchmark | seconds | status | figures against targets |\n|---|---|---|---|")
     for r in results:
         status = (
             "missing" if r.get("missing") else ("ok" if r["returncode"] == 0 else f"exit {r['returncode']}")
         )
         targets = "<br>".join(r["targets"]) or "(no target lines; see JSON)"
         print(f"| {r['title']} | {r.get('seconds', '-')} | {status} | {targets} |")
-    args.json.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "results": results}, indent=2))
+    args.json.write_text(
+        json.dumps({"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "results": results}, indent=2)
+    )
     print(f"\nall outputs: {args.json}")
     return 0 if all(r.get("returncode") in (0, None) for r in results) else 1
 
