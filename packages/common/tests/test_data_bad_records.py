@@ -104,7 +104,7 @@ def test_skip_mode_counts_and_logs_once_per_pass(tmp_path, tokenizer, caplog):
     assert skipped.first[0] == f"{path}:5: field 'text' missing (expected a string)"
     summaries = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(summaries) == 1
-    assert summaries[0].startswith(f"data: skipped {len(TEXT_CASES)} bad record(s) in epoch 0 on dp rank 0")
+    assert summaries[0].startswith(f"data: skipped {len(TEXT_CASES)} bad record(s) in epoch 0;")
     assert f"{path}:5:" in summaries[0] and "..." in summaries[0]  # the first few, then "..."
 
 
@@ -137,7 +137,7 @@ def test_chat_whose_answer_starts_beyond_seq_len(tmp_path, tokenizer):
 def test_all_records_bad_stops_instead_of_looping(tmp_path, tokenizer):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": ""}\n{"text": 1}\n')
-    with pytest.raises(DatasetError, match="no usable record in epoch 0 on dp rank 0 \\(2 skipped as bad\\)"):
+    with pytest.raises(DatasetError, match="no usable record in epoch 0 \\(2 skipped as bad\\)"):
         next(iter(_loader(tokenizer, path, on_bad_record="skip", format="text")))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 
@@ -119,5 +120,9 @@ def test_cuda_graphs_are_off_without_cuda():
 
     assert titan_utils.device_type == "cpu"  # the device hook (QWEN3_TITAN_DEVICE=cpu or no accelerator)
     config = BackendConfigs("t", titan_qwen3_model_spec).tiny(default_architecture(), "debug")
-    assert not config.training.disable_cuda_graphs
-    assert Qwen3Trainer.capturable(config).training.disable_cuda_graphs
+    # Off as the config is made (Qwen3Trainer.Config.__post_init__): torchtitan's parse-time check of CUDA
+    # graphs against the layout (pipeline, expert parallel dispatchers) then has nothing to refuse.
+    assert config.training.disable_cuda_graphs
+    assert Qwen3Trainer.capturable(config) is config
+    parallel = dataclasses.replace(config.parallelism, expert_parallel_degree=2, pipeline_parallel_degree=2)
+    assert dataclasses.replace(config, parallelism=parallel).training.disable_cuda_graphs

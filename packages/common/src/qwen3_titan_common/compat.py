@@ -31,6 +31,9 @@ The seams:
 - :func:`hf_storage_reader_with_aliases`: torch's ``HuggingFaceStorageReader`` reads each tensor in
   ``_process_read_request``; reading one stored tensor under a second name (a tied checkpoint into an
   untied model) has no public hook.
+- :func:`param_initializers`: torchtitan's ``Module`` keeps the ``param_init`` of its Config as
+  ``_param_init`` and has no public accessor; the layout-independent initialisation
+  (``models.layout_init``) calls each one on a whole tensor.
 - :func:`without_checkpoint_wrapper`: torch's activation-checkpoint wrapper inserts
   ``_checkpoint_wrapped_module`` into parameter names.
 - :func:`lm_head_applied_by_loss`: torchtitan's Trainer tells a model that its chunked loss applies
@@ -234,6 +237,12 @@ def init_computed_buffers(model) -> None:
     for module in model.modules():
         if hasattr(module, "_init_self_buffers"):
             module._init_self_buffers(buffer_device=None)
+
+
+def param_initializers(module) -> Mapping[str, Any]:
+    """A torchtitan module's initialiser per own parameter name (its Config's ``param_init``); empty for
+    modules without one (torch's own, or a torchtitan module that initialises through ``reset_parameters``)."""
+    return getattr(module, "_param_init", None) or {}
 
 
 def without_checkpoint_wrapper(name: str) -> str:

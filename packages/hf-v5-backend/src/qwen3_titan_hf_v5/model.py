@@ -231,12 +231,14 @@ class HFCausalLM(BaseModel):
         """Random initialisation with the same distributions as the native backend's Qwen3."""
         with torch.no_grad():
             for name, param in self.named_parameters():  # a tied weight is initialised once
-                self._init_parameter(name, param)
+                self.init_parameter(name, param)
             self._init_rope_buffers(buffer_device)
             if self._is_moe:
                 self.tokens_per_expert_LE = torch.zeros_like(self.tokens_per_expert_LE, device=buffer_device)
 
-    def _init_parameter(self, name: str, param: torch.Tensor) -> None:
+    def init_parameter(self, name: str, param: torch.Tensor) -> None:
+        """Draw ``param`` (named ``name`` in this model) by its rule; also called on a whole, unsharded tensor
+        (``models.layout_init``) so that every parallel layout starts from the same weights."""
         name = base_weight_name(without_checkpoint_wrapper(name))
         if init_adapter_parameter(name, param):
             return

@@ -1,15 +1,21 @@
 """The stream of fixed-shape samples one data-parallel rank trains on, resumable from a checkpoint.
 
-Order: epoch ``e`` visits all records in one permutation drawn from ``(seed, e)`` (or file
-order without shuffling). Sharding: dp rank ``r`` of ``n`` takes every ``n``-th record of that
-permutation starting at ``r`` (its share), so ranks never share a record and together cover the
-epoch; dataloader workers of one rank split its share the same way.
+One global stream, whatever the layout: epoch ``e`` visits all records in one permutation drawn from
+``(seed, e)`` (or file order without shuffling), and their documents are packed into one sequence of rows
+(``data.packing``). The rows are dealt out in groups of ``dp_world_size x local_batch_size``: dp rank ``r``
+takes rows ``r*b .. r*b+b-1`` of each group, one loader batch. So the rows of a step's global batch depend
+only on the data, the seed, the step, the global batch size and the sequence length, never on how many ranks
+or micro-batches share them (``--training.global_batch_size`` with gradient accumulation takes consecutive
+groups). Every rank reads and packs the whole stream and keeps its rows: the price of that independence is
+tokenizing every record on every rank (docs/parallelism.md). Dataloader workers of one rank take whole groups
+in turn, as the loader takes batches from them.
 
-Rows: documents (texts, conversations) packed several to a row by ``data.packing``; every sample carries
-per-document positions, which the models turn into per-document attention.
+Rows: documents (texts, conversations) packed several to a row; every sample carries per-document
+positions, which the models turn into per-document attention.
 
-Position: the number of records of the share already read, saved with the documents not yet in a row
-(the packer's state), so a resumed run continues with the very next sample. An epoch ends with
+Position: records of the epoch read, rows of the stream dealt, and the documents not yet in a row (the
+packer's state). The position is taken between batches, after a whole group, so it is the same on every
+rank and resumes on any number of them with the same global batch (docs/parallelism.md). An epoch ends with
 ``epoch += 1`` and a new order; documents still waiting go into the next epoch's rows.
 """
 
@@ -26,7 +32,14 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.chat import ChatTokenizer, EarlierReasoning
 from qwen3_titan_common.data.conversation import conversation_of
-from qwen3_titan_common.data.packing import Document, Row, chat_document, make_packer, text_document
+from qwen3_titan_common.data.packing import (
+    Document,
+    Row,
+    chat_document,
+    make_packer,
+    padding_row,
+    text_document,
+)
 from qwen3_titan_common.data.records import (
     BadRecordError,
     InvalidRecord,
@@ -77,56 +90,57 @@ class RecordStreamDataset(IterableDataset, Stateful):
         *,
         dp_rank: int,
         dp_world_size: int,
+        local_batch_size: int = 1,
     ):
-        if len(source) < dp_world_size:
-            raise DatasetError(
-                f"--dataloader.dataset '{source.name}': {len(source)} record(s) cannot be shared by "
-                f"{dp_world_size} data-parallel ranks; every rank needs at least one"
-            )
         self.source = source
         self.tokens = tokens
         self.settings = settings
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
+        self.local_batch_size = local_batch_size
         self.chat = (
             ChatTokenizer(tokens, settings.earlier_reasoning) if settings.record_format == "chat" else None
         )
         self.epoch = 0
-        self.next_record = 0  # records of this rank's (or worker's) share of the epoch already read
+        self.next_record = 0  # records of the epoch already read
+        self.rows_dealt = 0  # rows of the global stream dealt out so far, in whole groups
         self.packer = make_packer(settings.record_format, settings.packing, settings.seq_len, tokens.eos_id)
         self.skipped = SkippedRecords()
 
-    # -- order and sharding ------------------------------------------------------------------
+    # -- order and dealing -------------------------------------------------------------------
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         if not self.settings.shuffle:
             return np.arange(len(self.source))
         return np.random.default_rng([self.settings.seed, epoch]).permutation(len(self.source))
 
-    def share(self, epoch: int) -> np.ndarray:
-        """This rank's records of the epoch, in order; in a dataloader worker, this worker's part of them."""
-        share = self.epoch_order(epoch)[self.dp_rank :: self.dp_world_size]
+    @property
+    def group_rows(self) -> int:
+        """Rows of the stream per loader batch of every rank: one group."""
+        return self.dp_world_size * self.local_batch_size
+
+    def takes_group(self, group: int) -> bool:
+        """Whether this process keeps rows of the ``group``-th group: every group, or in a dataloader
+        worker every ``num_workers``-th, as the loader takes its batches from the workers in turn."""
         worker = get_worker_info()
-        if worker is not None:
-            share = share[worker.id :: worker.num_workers]
-        return share
+        return worker is None or group % worker.num_workers == worker.id
+
+    def rows_of(self, group: list[Row]) -> list[Row]:
+        """This rank's rows of one group."""
+        first = self.dp_rank * self.local_batch_size
+        return group[first : first + self.local_batch_size]
 
     # -- iteration ---------------------------------------------------------------------------
 
     def __iter__(self):
-        if not len(self.share(self.epoch)):  # only a worker can be left without (checked per rank above)
-            raise DatasetError(
-                f"--dataloader.dataset '{self.source.name}': {len(self.source)} record(s) leave some dataloader "
-                f"workers of dp rank {self.dp_rank} without any; use fewer --dataloader.num_workers"
-            )
         while True:
-            yield from self._full_rows()
+            yield from self._dealt()
             whole_pass = self.next_record == 0
             if whole_pass:
                 self.skipped = SkippedRecords()
-            produced = yield from self._rest_of_epoch(self.share(self.epoch))
-            where = f"in epoch {self.epoch} on dp rank {self.dp_rank}"
-            if self.skipped.count:
+            produced = yield from self._rest_of_epoch(self.epoch_order(self.epoch))
+            where = f"in epoch {self.epoch}"
+            if self.skipped.count and self.dp_rank == 0:  # every rank reads every record: one line
                 logger.warning(self.skipped.summary(where))
             if whole_pass and not produced:
                 raise DatasetError(
@@ -134,20 +148,19 @@ class RecordStreamDataset(IterableDataset, Stateful):
                     f"({self.skipped.count} skipped as bad)"
                 )
             if not self.settings.infinite:
-                yield from self._full_rows(final=True)
+                yield from self._dealt(final=True)
             self.epoch += 1
             self.next_record = 0
             if not self.settings.infinite:
                 return  # iterating the loader again gives the next epoch
-            logger.info(
-                f"data: dp rank {self.dp_rank} starts epoch {self.epoch} of {self.source.name} (new order)"
-            )
+            if self.dp_rank == 0:
+                logger.info(f"data: epoch {self.epoch} of {self.source.name} starts (new order)")
 
-    def _rest_of_epoch(self, share: np.ndarray):
-        """Yields samples until the share is used up; returns whether any record was usable."""
+    def _rest_of_epoch(self, order: np.ndarray):
+        """Yields this rank's samples until the epoch's records are read; returns whether any was usable."""
         produced = False
-        while self.next_record < len(share):
-            chunk = share[self.next_record : self.next_record + READ_AHEAD].tolist()
+        while self.next_record < len(order):
+            chunk = order[self.next_record : self.next_record + READ_AHEAD].tolist()
             records = self.source.read(chunk)
             if self.chat is None:
                 for record, document in zip(records, self._tokenize_texts(records), strict=True):
@@ -159,7 +172,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
                     elif (pairs := text_document(document, self.tokens.eos_id)) is not None:
                         produced = True
                         self.packer.add(pairs)
-                        yield from self._full_rows()
+                        yield from self._dealt()
             else:
                 for record in records:
                     documents = self._chat_documents(record)
@@ -167,14 +180,27 @@ class RecordStreamDataset(IterableDataset, Stateful):
                     produced = produced or bool(documents)
                     for document in documents:
                         self.packer.add(document)
-                    yield from self._full_rows()
+                    yield from self._dealt()
         return produced
 
-    def _full_rows(self, final: bool = False):
-        # The packer takes a row's documents off before the row is yielded: a checkpoint written while
-        # this sample is in a batch holds only what is still to come.
-        for row in self.packer.rows(final):
-            yield sample_of(row)
+    def _dealt(self, final: bool = False):
+        """This rank's samples of every whole group the packer can fill; with ``final`` (the end of a finite
+        run) also of a last group that padding rows complete, so that every rank ends on the same batch.
+
+        A group's rows are taken off the packer before any of them is yielded: a checkpoint written while
+        this batch trains holds only what comes after the group, the same position on every rank."""
+        rows = self.group_rows
+        while True:
+            group = self.packer.take_rows(rows, final)
+            if not group:
+                return
+            if len(group) < rows:
+                group += [padding_row(self.settings.seq_len, self.tokens.eos_id)] * (rows - len(group))
+            index = self.rows_dealt // rows
+            self.rows_dealt += rows
+            if self.takes_group(index):
+                for row in self.rows_of(group):
+                    yield sample_of(row)
 
     def _tokenize_texts(self, records: list[RawRecord]) -> list[list[int] | InvalidRecord]:
         """Token ids of each record, or why it is bad; all texts of the chunk encoded in one call."""
@@ -194,10 +220,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
         valid = [t for t in texts if isinstance(t, str)]
         size = sum(len(t) for t in valid)
         if size > _LOG_TOKENIZING_CHARS:
-            logger.info(
-                f"data: tokenizing {size / 1024**2:.0f} M characters from {records[0].location} on "
-                f"(dp rank {self.dp_rank})"
-            )
+            logger.info(f"data: tokenizing {size / 1024**2:.0f} M characters from {records[0].location} on")
         encoded = iter(self.tokens.documents(valid))
         return [next(encoded) if isinstance(t, str) else t for t in texts]
 
@@ -236,6 +259,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
         return {
             "epoch": self.epoch,
             "next_record": self.next_record,
+            "rows_dealt": self.rows_dealt,
             "packer": self.packer.state_dict(),
             "skipped": self.skipped.state_dict(),
             # Checked on load: a position only means something in the same data and order.
@@ -246,8 +270,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # Checkpoints written before rows held several documents name no "rows".
-        saved_rows = state_dict.get("rows", "one chat per row, text in one stream with shared tokens")
+        saved_rows = state_dict["rows"]
         saved = (state_dict["records"], state_dict["format"], state_dict["order"], saved_rows)
         now = self.state_dict()
         if saved != (now["records"], now["format"], now["order"], now["rows"]):
@@ -258,6 +281,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
             )
         self.epoch = int(state_dict["epoch"])
         self.next_record = int(state_dict["next_record"])
+        self.rows_dealt = int(state_dict["rows_dealt"])
         self.packer.load_state_dict(state_dict["packer"])
         self.skipped = SkippedRecords.from_state(state_dict["skipped"])
 

@@ -28,15 +28,11 @@ def _problem(record, config: TextChatDataLoader.Config, record_format: str) -> s
     return None
 
 
-def check_first_records(config: TextChatDataLoader.Config, dp_degree: int = 1) -> None:
-    """Raise the loader's own one-line error for what the first records show."""
+def check_first_records(config: TextChatDataLoader.Config) -> None:
+    """Raise the loader's own one-line error for what the first records show. (Any number of records
+    feeds any number of ranks: rows of one stream are dealt to them, ``data.dataset``.)"""
     opened = open_dataset(config)
     source = opened.source
-    if len(source) < dp_degree:
-        raise DatasetError(
-            f"--dataloader.dataset '{source.name}': {len(source)} record(s) cannot be shared by "
-            f"{dp_degree} data-parallel ranks; every rank needs at least one"
-        )
     first = source.read(list(range(min(READ_AHEAD, len(source)))))
     problems = [p for p in (_problem(r, config, opened.record_format) for r in first) if p is not None]
     if not problems:

@@ -7,8 +7,9 @@ local_batch_size=...)`` and gets batches ``({"input": (B, L)}, labels (B, L))``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
@@ -28,6 +29,11 @@ from qwen3_titan_common.data.sources import (
     resolve_dataset,
 )
 from qwen3_titan_common.data.tokens import DocumentTokenizer
+
+# The loader's key in a checkpoint's data state (torchtitan's own is one per dp rank), and what the position
+# means, recorded beside the checkpoints (train.model_record) so that one of another meaning is refused by name.
+POSITION_KEY = "position"
+POSITION_FORMAT = "one packed stream, dealt to the ranks by global batch"
 
 
 class TextChatDataLoader(ParallelAwareDataloader):
@@ -112,7 +118,12 @@ class TextChatDataLoader(ParallelAwareDataloader):
         **kwargs,
     ):
         dataset = build_record_stream(
-            config, tokenizer=tokenizer, seq_len=seq_len, dp_rank=dp_rank, dp_world_size=dp_world_size
+            config,
+            tokenizer=tokenizer,
+            seq_len=seq_len,
+            dp_rank=dp_rank,
+            dp_world_size=dp_world_size,
+            local_batch_size=local_batch_size,
         )
         super().__init__(
             dataset,
@@ -127,6 +138,26 @@ class TextChatDataLoader(ParallelAwareDataloader):
             prefetch_factor=config.prefetch_factor,
             snapshot_every_n_steps=snapshot_every_n_steps,
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's position, under one key for every rank: it is the same on all of them between
+        batches (``data.dataset``), so a checkpoint resumes on any number of ranks. JSON, not torchtitan's
+        per-rank pickle: a checkpoint's data position is read without unpickling anything."""
+        # Past ParallelAwareDataloader's per-rank pickle, to the StatefulDataLoader state beneath it.
+        return {POSITION_KEY: json.dumps(super(ParallelAwareDataloader, self).state_dict())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        if (
+            POSITION_KEY not in state_dict
+        ):  # a checkpoint of before (train.model_record names its folder first)
+            raise DatasetError(
+                "the checkpoint's data position is a per-rank share of the records, written before one packed "
+                "stream was dealt to every layout; resume it with the version that wrote it, or start a new "
+                "--dump_folder"
+            )
+        super(ParallelAwareDataloader, self).load_state_dict(json.loads(state_dict[POSITION_KEY]))
 
 
 @dataclass(frozen=True)
@@ -176,6 +207,7 @@ def build_record_stream(
     seq_len: int,
     dp_rank: int,
     dp_world_size: int,
+    local_batch_size: int = 1,
     part: Part = "train",
     announce: bool = True,
 ) -> RecordStreamDataset:
@@ -198,7 +230,12 @@ def build_record_stream(
         max_record_chars=config.max_record_bytes,
     )
     dataset = RecordStreamDataset(
-        source, DocumentTokenizer(tokenizer), settings, dp_rank=dp_rank, dp_world_size=dp_world_size
+        source,
+        DocumentTokenizer(tokenizer),
+        settings,
+        dp_rank=dp_rank,
+        dp_world_size=dp_world_size,
+        local_batch_size=local_batch_size,
     )
     if announce:
         logger.info(
@@ -242,5 +279,6 @@ def _summary(
         name = f"{name} less its {held_out:,} held-out records"
     return (
         f"data: {name} ({resolved.describe()}, {records:,} records, {chosen}); rows of {settings.seq_len} tokens, "
-        f"{shape}; {order}; split across {world} dp rank(s) without overlap, this is rank {rank}"
+        f"{shape}; {order}; one stream of rows for the global batch, dealt to {world} dp rank(s) "
+        f"(this is rank {rank})"
     )

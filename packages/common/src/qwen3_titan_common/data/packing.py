@@ -114,7 +114,9 @@ def document_starts(positions: np.ndarray) -> np.ndarray:
 
 
 class Packer:
-    """Documents waiting for a row: what a checkpoint saves of a packer (its ``kind`` says which)."""
+    """Documents waiting for a row, and rows built but not yet dealt: what a checkpoint saves of a packer
+    (its ``kind`` says which). Each subclass builds rows by its own rule (``rows``); the dataset takes them
+    in groups (``take_rows``)."""
 
     kind = ""
 
@@ -122,15 +124,36 @@ class Packer:
         self.seq_len = seq_len
         self.pad_id = pad_id
         self.pending: list[Document] = []
+        self.ready: list[Row] = []  # fewer than a group: they wait for the rest of theirs
 
     def add(self, document: Document) -> None:
         self.pending.append(document)
 
+    def take_rows(self, count: int, final: bool = False) -> list[Row]:
+        """The next ``count`` rows, or none while fewer can be built; with ``final`` (the end of a finite
+        run) whatever is left, up to ``count``."""
+        while len(self.ready) < count:
+            row = next(self.rows(final), None)
+            if row is None:
+                break
+            self.ready.append(row)
+        if len(self.ready) < count and not (final and self.ready):
+            return []
+        taken, self.ready = self.ready[:count], self.ready[count:]
+        return taken
+
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "pending": [d.to_state() for d in self.pending]}
+        return {
+            "kind": self.kind,
+            "pending": [d.to_state() for d in self.pending],
+            "ready": [[part.tolist() for part in row] for row in self.ready],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = [Document.from_state(d) for d in state["pending"]]
+        self.ready = [
+            tuple(np.asarray(part, dtype=np.int64) for part in row) for row in state.get("ready", [])
+        ]
 
 
 class TextStreamPacker(Packer):

@@ -86,3 +86,16 @@ def all_ranks_counts(model_parts, parallel_dims) -> ExpertCounts | None:
     if loss_mesh is not None:
         dist.all_reduce(stacked_LE, group=loss_mesh.get_group())
     return ExpertCounts(top_k, dict(zip(names, stacked_LE, strict=True)))
+
+
+def dropped_assignments(model_parts) -> tuple[int, int]:
+    """(assignments dropped over capacity, assignments routed) on this rank since the last call, over the
+    dispatchers that drop (``models.ep_dispatch``: they offer ``take_dropped``); (0, 0) where none does."""
+    dropped = routed = 0
+    for part in model_parts or ():
+        for module in part.modules():
+            take = getattr(getattr(module, "token_dispatcher", None), "take_dropped", None)
+            if callable(take):
+                d, r = take()
+                dropped, routed = dropped + d, routed + r
+    return dropped, routed

@@ -31,11 +31,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 
-from qwen3_titan_common.perf.expert_load import all_ranks_counts, collapsed, expert_load
+from qwen3_titan_common.perf.expert_load import all_ranks_counts, collapsed, dropped_assignments, expert_load
 from qwen3_titan_common.perf.peaks import peak_flops
 from qwen3_titan_common.perf.progress import format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
@@ -105,6 +107,7 @@ class Qwen3Metrics(MetricsProcessor):
         extra_metrics: dict[str, Any] | None = None,
     ):
         seconds = time.perf_counter() - self.time_last_log
+        global_avg_loss, global_max_loss = self._from_the_last_stage(global_avg_loss, global_max_loss)
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
         # Each data-parallel (and context-parallel) rank counts its own tokens; TP and PP ranks share theirs.
         dims = self.parallel_dims
@@ -146,6 +149,17 @@ class Qwen3Metrics(MetricsProcessor):
             f"{color.white}eta: {format_duration(eta) if eta is not None else '--'}{color.reset}"
         )
 
+    def _from_the_last_stage(self, avg_loss: float, max_loss: float) -> tuple[float, float]:
+        """With pipeline parallelism only the last stage computes the loss (torchtitan logs -1 on the others);
+        every rank's line, rank 0's above all, shows the last stage's (a collective over the pipeline)."""
+        if not self.parallel_dims.pp_enabled:
+            return avg_loss, max_loss
+        mesh = self.parallel_dims.get_mesh("pp")
+        losses = torch.tensor([avg_loss, max_loss], dtype=torch.float64, device=mesh.device_type)
+        dist.all_reduce(losses, op=dist.ReduceOp.MAX, group=mesh.get_group())  # a loss >= 0 beats -1
+        avg_loss, max_loss = losses.tolist()
+        return avg_loss, max_loss
+
     def _expert_load_text(self, metrics: dict[str, Any]) -> str:
         """The step line's ``experts:`` figure (empty for a dense model); TensorBoard keys into ``metrics``."""
         counts = all_ranks_counts(self.model_parts, self.parallel_dims)
@@ -169,7 +183,28 @@ class Qwen3Metrics(MetricsProcessor):
             )
         busiest = max(x.busiest_share for x in loads)
         idle = sum(x.idle_experts for x in loads)
-        return f"experts: {100 * busiest:.0f}% max, {idle} idle  "
+        dropped = self._dropped_text(metrics)
+        return f"experts: {100 * busiest:.0f}% max, {idle} idle{dropped}  "
+
+    def _dropped_text(self, metrics: dict[str, Any]) -> str:
+        """``, N dropped`` where a fixed-capacity expert exchange (``models.ep_dispatch``) dropped assignments
+        over capacity since the last line, summed over the data-parallel ranks; empty where none runs."""
+        if not self.parallel_dims.ep_enabled:
+            return ""
+        totals = torch.tensor(dropped_assignments(self.model_parts), dtype=torch.int64)
+        loss_mesh = self.parallel_dims.get_optional_mesh("loss") if self.parallel_dims.dp_cp_enabled else None
+        if loss_mesh is not None:
+            totals = totals.to(loss_mesh.device_type)
+            dist.all_reduce(totals, group=loss_mesh.get_group())
+        dropped, routed = (int(x) for x in totals.tolist())
+        if not routed:
+            return ""
+        metrics["moe/dropped_share"] = dropped / routed
+        return (
+            f", {dropped:,} dropped ({100 * dropped / routed:.1f}%; --moe.capacity_factor)"
+            if dropped
+            else ", 0 dropped"
+        )
 
     def log_validation(self, loss: float, step: int, extra_metrics: dict[str, Any] | None = None):
         """torchtitan's validation metrics (``validation_metrics/loss``, ...) plus perplexity, and our line::
@@ -177,6 +212,7 @@ class Qwen3Metrics(MetricsProcessor):
         validation  step: 10  val_loss: 5.43210  val_ppl: 228.63  tps: 21,845
         """
         seconds = time.perf_counter() - self.time_last_log
+        loss, _ = self._from_the_last_stage(loss, loss)
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
         perplexity = math.exp(loss) if loss < 700 else math.inf
         ours = {"validation_metrics/perplexity": perplexity, **(extra_metrics or {})}

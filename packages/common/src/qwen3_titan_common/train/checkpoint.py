@@ -68,6 +68,25 @@ def checkpoint_bytes(model_parts: list[nn.Module]) -> int:
     return 4 * stored + 2 * 4 * params
 
 
+def _owners(held: dict[str, torch.Tensor]) -> list[tuple[str, int | None, tuple[int, ...], torch.dtype]]:
+    """Every tensor of the model as (name, the rank that sends it to the writer, shape, dtype), in one order
+    on every rank; the rank is None where every rank holds every tensor (no pipeline stages: nothing to send)."""
+    described = [(name, tuple(value.shape), value.dtype) for name, value in held.items()]
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [(name, None, shape, dtype) for name, shape, dtype in described]
+    everyone: list[list | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(
+        everyone, [(name, shape, str(dtype).removeprefix("torch.")) for name, shape, dtype in described]
+    )
+    if all(names == everyone[0] for names in everyone):
+        return [(name, None, shape, dtype) for name, shape, dtype in described]
+    owners: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+    for rank, entries in enumerate(everyone):
+        for name, shape, dtype in entries or ():
+            owners.setdefault(name, (rank, tuple(shape), getattr(torch, dtype)))
+    return [(name, rank, shape, dtype) for name, (rank, shape, dtype) in owners.items()]
+
+
 def _is_writer() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -146,10 +165,25 @@ class Qwen3CheckpointManager(CheckpointManager):
     # -- Hugging Face export ---------------------------------------------------------------------
 
     def _model_tensors(self, is_writer: bool) -> Iterator[tuple[str, torch.Tensor]]:
-        """The model's state dict, one full tensor at a time, yielded on the writer only."""
-        for name, value in self.export_model_parts[0].state_dict().items():
+        """The model's state dict, one full tensor at a time, yielded on the writer only. With pipeline
+        parallelism each stage holds its own layers: every tensor then comes to the writer from the first
+        rank that holds it (the ranks agree on names, shapes and dtypes first)."""
+        held = {name: value for part in self.export_model_parts for name, value in part.state_dict().items()}
+        device = next((v.to_local() if isinstance(v, DTensor) else v).device for v in held.values())
+        for name, owner, shape, dtype in _owners(held):
+            value = held.get(name)
             if isinstance(value, DTensor):
-                value = value.full_tensor()  # a collective: every rank takes part
+                value = (
+                    value.full_tensor()
+                )  # a collective of the ranks holding it: every one of them calls it
+            if owner is not None:
+                received = (
+                    value.detach()
+                    if dist.get_rank() == owner
+                    else torch.empty(shape, dtype=dtype, device=device)
+                )
+                dist.broadcast(received, src=owner)
+                value = received
             if is_writer:
                 yield name, value.detach()
 

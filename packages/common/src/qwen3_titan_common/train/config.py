@@ -113,8 +113,8 @@ def build_trainer_config(
     """A backend's run: ``trainer`` (``Qwen3Trainer`` or a backend's subclass) picks the Config class, and
     ``backend_fields`` fill that subclass's own fields. ``hf.model_dir``, when set, replaces ``arch`` with the
     directory's own at Trainer start."""
-    from qwen3_titan_common.runtime.device import detect_device
     from qwen3_titan_common.perf.precision import default_compute_precision
+    from qwen3_titan_common.runtime.device import detect_device
 
     vocab_size = arch.vocab_size
     device_kind = detect_device().kind

@@ -25,13 +25,18 @@ class OtherModelError(UserInputError):
 
 
 def model_record(
-    model_name: str, architecture: Qwen3Architecture, schedule: dict[str, Any] | None = None
+    model_name: str,
+    architecture: Qwen3Architecture,
+    schedule: dict[str, Any] | None = None,
+    data_position: str | None = None,
 ) -> dict[str, Any]:
     """``schedule``: the run's config name and optimizer settings, which a resume may change (said, not
-    refused: the model is the same)."""
+    refused: the model is the same); ``data_position``: what the data loader's saved position means."""
     record = {"model": model_name, "architecture": architecture.to_dict()}
     if schedule is not None:
         record["schedule"] = schedule
+    if data_position is not None:
+        record["data_position"] = data_position
     # Through JSON, so a record compares equal to the same record read back (tuples become lists).
     return json.loads(json.dumps(record))
 
@@ -69,6 +74,22 @@ def schedule_changes(folder: Path, record: dict[str, Any]) -> list[str]:
         for key in sorted(set(saved) | set(ours), key=lambda k: (k != "config", k))
         if saved.get(key) != ours.get(key)
     ]
+
+
+def check_data_position(folder: Path, record: dict[str, Any], *, step: int) -> None:
+    """Refuse to resume a data position of another meaning (one saved per rank, before every layout read one
+    stream): the loader could not continue it. Checkpoints without a record are not judged."""
+    ours = record.get("data_position")
+    try:
+        saved = json.loads((folder / RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return  # no record, or check_model_record has named an unreadable one
+    if ours is not None and isinstance(saved, dict) and saved.get("data_position") != ours:
+        raise UserInputError(
+            f"{folder}/step-{step}: its data position is a per-rank share of the records, written before one "
+            "packed stream was dealt to every layout; resume it with the version that wrote it, or start a new "
+            "--dump_folder"
+        )
 
 
 def write_model_record(folder: Path, record: dict[str, Any]) -> None:

@@ -107,10 +107,22 @@ def _check_parallel_shapes(config, layout: Layout) -> None:
                     f"--parallelism.tensor_parallel_degree {layout.tp}: expected a divisor of the model's "
                     f"{field} {heads} (tensor parallelism splits attention heads across ranks)"
                 )
-    if arch is not None and arch.moe is not None and layout.ep > 1 and arch.moe.num_experts % layout.ep:
+    if arch is not None and layout.ep > 1:
+        if arch.moe is None:
+            raise UserInputError(
+                f"--parallelism.expert_parallel_degree {layout.ep}: this model is dense (config.json has no "
+                "experts to place on ranks); use 1"
+            )
+        if arch.moe.num_experts % layout.ep:
+            raise UserInputError(
+                f"--parallelism.expert_parallel_degree {layout.ep}: expected a divisor of the model's "
+                f"num_experts {arch.moe.num_experts}"
+            )
+    if arch is not None and layout.pp > 1 and arch.tie_word_embeddings:
         raise UserInputError(
-            f"--parallelism.expert_parallel_degree {layout.ep}: expected a divisor of the model's "
-            f"num_experts {arch.moe.num_experts}"
+            f"--parallelism.pipeline_parallel_degree {layout.pp}: this model ties its output projection to its "
+            "input embeddings (config.json tie_word_embeddings true), and the first and last pipeline stages "
+            "cannot share one weight; use 1, or a model with untied embeddings"
         )
     if layout.cp > 1 and _uses_sdpa_or_varlen(config.model_spec.model):
         raise UserInputError(
@@ -166,8 +178,6 @@ def _check_flags(config) -> None:
             f"--hf.export_interval {hf.export_interval}: expected 0 (only at the end) or more"
         )
     parse_size(hf.max_shard_size)
-    if hf.export and config.parallelism.pipeline_parallel_degree > 1:
-        raise UserInputError("--hf.export with pipeline parallelism is not supported; pass --hf.no-export")
 
 
 def _export_root(config) -> tuple[Path, str]:
@@ -232,7 +242,7 @@ def _check_data(config, layout: Layout) -> None:
     from qwen3_titan_common.data.loader import TextChatDataLoader
 
     if isinstance(config.dataloader, TextChatDataLoader.Config):
-        check_first_records(config.dataloader, dp_degree=layout.dp_replicate * layout.dp_shard)
+        check_first_records(config.dataloader)
 
 
 def check_run(config, world_size: int | None = None, *, deferred: list[str] | None = None) -> Layout:

@@ -8,6 +8,10 @@
                                            micro-batch balanced on its own) or global_batch (expert
                                            loads summed over the data-parallel ranks first, as the
                                            Qwen3 report describes)
+    --moe.capacity_factor F                with --parallelism.expert_parallel_degree > 1: rows each rank
+                                           sends each expert, in multiples of a balanced load (default 2
+                                           off CUDA; on CUDA it asks for the fixed-capacity exchange
+                                           instead of torchtitan's all-to-all; models.ep_dispatch)
 
 The loss is :class:`LMLossWithRouterBalance`, torchtitan's cross-entropy with the balance term
 (``models.routing``) added to what is differentiated but not to what is reported: the loss torchtitan
@@ -56,6 +60,10 @@ class MoEOptions:
 
     router_aux_loss_scope: Scope = "micro_batch"
     """micro_batch (transformers') or global_batch (expert loads summed over data-parallel ranks first)."""
+
+    capacity_factor: float | None = None
+    """Expert parallelism's fixed capacity per expert, in multiples of a balanced load (default 2 off CUDA;
+    >= experts / top_k drops no token). On CUDA, setting it replaces torchtitan's all-to-all exchange."""
 
 
 def counted_tokens(labels_BL: torch.Tensor, positions_BL: torch.Tensor | None) -> torch.Tensor | None:
@@ -191,7 +199,7 @@ def with_router_balance(config, where: str = "config.json"):
     from_file = source.get("output_router_logits") is True
     on = options.router_aux_loss == "on" or (options.router_aux_loss == "auto" and from_file)
     if not on:
-        rest = [f for f in flags if not f.startswith("--moe.router_aux_loss ")]
+        rest = [f for f in flags if f.startswith("--moe.router_aux_loss_")]
         if rest:
             raise UserInputError(
                 f"{rest[0]}: the router balance loss is off for this run; add --moe.router_aux_loss on"
@@ -234,3 +242,39 @@ def with_router_balance(config, where: str = "config.json"):
     )
     spec = dataclasses.replace(config.model_spec, model=with_recording())
     return dataclasses.replace(config, loss=loss, model_spec=spec)
+
+
+def with_expert_exchange(config, device_type: str):
+    """The run's config with the fixed-capacity expert exchange (``models.ep_dispatch``) where expert
+    parallelism runs off CUDA or ``--moe.capacity_factor`` asks for it; one log line says which exchange
+    runs. A capacity without expert parallelism, or one no one can mean, is refused."""
+    from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR, with_capacity_dispatch
+
+    degree = config.parallelism.expert_parallel_degree
+    factor = config.moe.capacity_factor
+    if factor is not None and (isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0):
+        raise UserInputError(f"--moe.capacity_factor {factor}: expected a positive number (2 is the default)")
+    if degree <= 1:
+        if factor is not None:
+            raise UserInputError(
+                f"--moe.capacity_factor {factor}: only expert parallelism has a capacity; add "
+                "--parallelism.expert_parallel_degree N, or drop the flag"
+            )
+        return config
+    if not config.architecture.is_moe:
+        return config  # refused by train.preflight, which names the degree
+    num_experts = config.architecture.moe.num_experts
+    if device_type == "cuda" and factor is None:
+        logger.info(f"[moe] expert parallel {degree}: torchtitan's all-to-all token exchange")
+        return config
+    factor = DEFAULT_CAPACITY_FACTOR if factor is None else factor
+    top_k = config.architecture.moe.num_experts_per_tok
+    never = num_experts / top_k
+    logger.info(
+        f"[moe] expert parallel {degree}: fixed-capacity token exchange, {factor:g}x a balanced load per expert "
+        f"(--moe.capacity_factor; {never:g} or more drops no token); dropped tokens are counted in the step line"
+    )
+    spec = dataclasses.replace(
+        config.model_spec, model=with_capacity_dispatch(config.model_spec.model, factor)
+    )
+    return dataclasses.replace(config, model_spec=spec)

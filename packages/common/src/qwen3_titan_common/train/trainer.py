@@ -37,6 +37,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
+from qwen3_titan_common.data.loader import POSITION_FORMAT, TextChatDataLoader
 from qwen3_titan_common.errors import CheckpointError, UserInputError, first_line
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
@@ -46,6 +47,7 @@ from qwen3_titan_common.perf.precision import precision_line
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.model_record import (
+    check_data_position,
     check_model_record,
     model_record,
     schedule_changes,
@@ -53,7 +55,12 @@ from qwen3_titan_common.train.model_record import (
 )
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
 from qwen3_titan_common.train.rank_errors import announce_restart, leave_run_folders, rank_errors
-from qwen3_titan_common.train.router_balance import LMLossWithRouterBalance, MoEOptions, with_router_balance
+from qwen3_titan_common.train.router_balance import (
+    LMLossWithRouterBalance,
+    MoEOptions,
+    with_expert_exchange,
+    with_router_balance,
+)
 from qwen3_titan_common.train.run_card import rank_module_and_config, run_card
 from qwen3_titan_common.train.summary import report, summary_of
 
@@ -95,6 +102,16 @@ class Qwen3Trainer(Trainer):
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
 
+        def __post_init__(self) -> None:
+            # torchtitan refuses CUDA graphs with pipeline or expert parallelism when it parses the config,
+            # on any device, and asks for --training.disable_cuda_graphs. Where there is no CUDA device, or the
+            # layout cannot be captured, the run is eager without that flag (capturable says why on CUDA).
+            if not self.training.disable_cuda_graphs and (
+                titan_utils.device_type != "cuda" or _layout_graph_blocker(self) is not None
+            ):
+                self.training = dataclasses.replace(self.training, disable_cuda_graphs=True)
+            Trainer.Config.__post_init__(self)
+
     def __init__(self, config: Config):
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
         from qwen3_titan_common.train.dump_lock import hold_in_rank
@@ -107,6 +124,7 @@ class Qwen3Trainer(Trainer):
             leave_run_folders(config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder))
             config = self.capturable(config)
             super().__init__(config)
+            self._initialise_alike_in_every_layout(config)
         if isinstance(self.loss_fn, LMLossWithRouterBalance):
             # As torchtitan hands a chunked loss its lm_head: the routers it reads, the ranks it averages over.
             self.loss_fn.bind(
@@ -120,6 +138,25 @@ class Qwen3Trainer(Trainer):
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
         self.first_trained_step: int | None = None
         logger.info(describe_trainable(self.model_parts, self.optimizers))
+
+    def _initialise_alike_in_every_layout(self, config: Config) -> None:
+        """A run from random weights gets the same ones in every parallel layout (``models.layout_init``)."""
+        from qwen3_titan_common.models.layout_init import initialise_whole_then_shard
+
+        seed = config.debug.seed
+        if self._start.kind != "random" or config.checkpoint.initial_load_path or seed is None:
+            return
+        drawn = initialise_whole_then_shard(self.model_parts, seed)
+        total = len({id(p) for part in self.model_parts for p in part.parameters()})
+        if drawn == total:
+            logger.info(
+                f"[start] random weights: {drawn} tensors drawn whole from seed {seed}, the same in any layout"
+            )
+        else:
+            logger.info(
+                f"[start] random weights: {drawn} of {total} tensors drawn whole from seed {seed}, the same in any "
+                "layout; the others as torchtitan draws them, per shard"
+            )
 
     @classmethod
     def checked(cls, config: Config, *, deferred: list[str] | None = None) -> tuple[StartPoint, Config]:
@@ -172,16 +209,15 @@ class Qwen3Trainer(Trainer):
 
     @classmethod
     def capturable(cls, config: Config) -> Config:
-        """The run's config with torchtitan's CUDA graphs off, and one log line, where
-        :meth:`cuda_graph_blocker` names a reason; off without a line on other devices (torchtitan would
-        warn that it runs eagerly there); otherwise ``config`` itself."""
-        if config.training.disable_cuda_graphs:
-            return config
+        """The run's config with torchtitan's CUDA graphs off, and one log line, where the layout
+        (``Config.__post_init__``) or :meth:`cuda_graph_blocker` names a reason; off without a line on other
+        devices (torchtitan would warn that it runs eagerly there); otherwise ``config`` itself."""
         if titan_utils.device_type != "cuda":
-            return dataclasses.replace(
-                config, training=dataclasses.replace(config.training, disable_cuda_graphs=True)
-            )
-        reason = cls.cuda_graph_blocker(config)
+            return config  # already off (Config.__post_init__)
+        layout = _layout_graph_blocker(config)
+        if config.training.disable_cuda_graphs and layout is None:
+            return config  # the user's --training.disable_cuda_graphs
+        reason = layout or cls.cuda_graph_blocker(config)
         if reason is None and isinstance(config.loss, LMLossWithRouterBalance.Config):
             reason = "the router balance loss reads each forward's routing from the routers (--moe.router_aux_loss)"
         if reason is None:
@@ -224,6 +260,15 @@ class Qwen3Trainer(Trainer):
                 report(summary_of(self, export), logger.info)
 
 
+def _layout_graph_blocker(config: Trainer.Config) -> str | None:
+    """Why the parallel layout keeps the step out of a CUDA graph (torchtitan's own rule), or None."""
+    if config.parallelism.pipeline_parallel_degree > 1:
+        return "pipeline parallelism (torchtitan captures no pipeline schedule)"
+    if config.parallelism.expert_parallel_degree > 1:
+        return "expert parallelism (the token exchange's sizes are read on the host)"
+    return None
+
+
 def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype:
     name = config.hf.export_dtype
     if name == "auto":
@@ -255,7 +300,9 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         download_hint=config.hf.download_hint,
     )
     logger.info(f"[start] {start.message}")
-    logger.info(f"[precision] {precision_line(config.training.mixed_precision_param, titan_utils.device_type)}")
+    logger.info(
+        f"[precision] {precision_line(config.training.mixed_precision_param, titan_utils.device_type)}"
+    )
     changes: dict = {}
     architecture = config.architecture
     if config.hf.model_dir and start.kind == "resume":
@@ -289,10 +336,12 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         if getattr(config.loss, "global_vocab_size", None) is not None:
             # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
             changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
-    record = model_record(config.model_spec.name, architecture, schedule_of(config))
+    position = POSITION_FORMAT if isinstance(config.dataloader, TextChatDataLoader.Config) else None
+    record = model_record(config.model_spec.name, architecture, schedule_of(config), position)
     if start.kind == "resume":
         checkpoint_folder = Path(config.dump_folder) / config.checkpoint.folder
         check_model_record(checkpoint_folder, record, step=start.resume_step, dump_folder=config.dump_folder)
+        check_data_position(checkpoint_folder, record, step=start.resume_step)
         changed = schedule_changes(checkpoint_folder, record)
         if changed:
             logger.info(
@@ -312,4 +361,5 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
     changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
     where = f"{model_dir.path}/config.json" if model_dir is not None else "the model's config.json"
     config = with_router_balance(dataclasses.replace(config, **changes), where)
+    config = with_expert_exchange(config, titan_utils.device_type)
     return start, with_lora(config, start)

@@ -36,16 +36,25 @@ def is_finite(tensor: torch.Tensor) -> bool:
 
 
 def first_non_finite(model_parts: list[nn.Module]) -> str | None:
-    """The name of the first parameter that holds NaN or Inf on any rank; every rank must call this."""
+    """The name of the first parameter that holds NaN or Inf on any rank; every rank must call this.
+
+    Ranks may hold different parameters (pipeline stages): the flags are reduced on each rank, one flag
+    crosses the ranks, and only when it is raised do the ranks exchange the names they found."""
     names, flags = [], []
     for part in model_parts:
         for name, param in part.named_parameters():
             names.append(name)
             flags.append(_non_finite(param.to_local() if isinstance(param, DTensor) else param))
-    if not names:
+    found = torch.stack(flags) if flags else torch.zeros(0)
+    local = torch.nonzero(found.cpu()).flatten().tolist()
+    if not dist.is_initialized():
+        return names[local[0]] if local else None
+    # A shard of a weight may be finite on one rank and not on another: the flag of any rank counts.
+    device = found.device if flags else torch.device("cpu")
+    anywhere = (found.max() if flags else torch.zeros((), device=device)).reshape(1).to(device)
+    dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)  # on the weights' device: the run's backend for it
+    if not bool(anywhere.item()):
         return None
-    found = torch.stack(flags)
-    if dist.is_initialized():
-        dist.all_reduce(found)  # on the weights' device: the backend the run's process group uses for it
-    bad = torch.nonzero(found.cpu()).flatten().tolist()
-    return names[bad[0]] if bad else None
+    everyone: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, names[local[0]] if local else None)
+    return next((name for name in everyone if name is not None), "(a sharded weight)")

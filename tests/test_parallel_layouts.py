@@ -1,0 +1,182 @@
+"""Every parallel layout trains what one rank trains on the same global batch (CPU, gloo, fp32, real `train`).
+
+Each layout runs 4 steps of global batch 8 beside one rank with batch 8, from the same seed (the same random
+weights in every layout: models.layout_init) and the same rows (one packed stream dealt to the ranks:
+data.dataset); step k's loss agrees within the derived bound of 2k - 1 forward passes of the model
+(testing.tolerance). A checkpoint of one rank count resumes on another and continues the same losses.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from safetensors.torch import load_file
+
+from tools.moe_balance_narrow import tensorboard_scalars
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+STEPS, SEQ_LEN, GLOBAL_BATCH = 4, 128, 8
+TOKENS = SEQ_LEN * GLOBAL_BATCH
+RUN = [
+    "--steps", str(STEPS), "--seq-len", str(SEQ_LEN), "--training.mixed_precision_param", "float32",
+    "--debug.seed", "0", "--validator.no-enable", "--metrics.log_freq", "1",
+]  # fmt: skip
+NO_OUTPUTS = ["--checkpoint.no-enable", "--hf.no-export"]
+LOSS = "loss_metrics/global_avg_loss"
+
+
+def _train(backend: str, out: Path, nproc: int, *flags: str) -> dict[str, list[float]]:
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": backend, "OMP_NUM_THREADS": "1"}
+    command = [TRAIN, "--nproc", str(nproc), *RUN, *flags, "--out", str(out)]
+    proc = subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert "internal error" not in log
+    return tensorboard_scalars(out / "tb")
+
+
+def _assert_same_losses(
+    reference: list[float], other: list[float], bounds: ModelBounds, steps=range(1, STEPS + 1)
+):
+    assert len(other) == len(list(steps)), other
+    for step, loss in zip(steps, other, strict=True):
+        expected = reference[step - 1]
+        bound = bounds.loss_atol(expected, tokens=TOKENS, seq_len=SEQ_LEN, passes=2 * step - 1)
+        assert abs(loss - expected) <= bound, (step, reference, other, bound)
+
+
+# -- dense: FSDP, micro-batches, TP; resume on another rank count --------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    """One rank, batch 8, checkpoints at steps 2 and 4, exported: the reference of every dense layout."""
+    out = tmp_path_factory.mktemp("dense") / "one-rank"
+    scalars = _train("native-backend", out, 1, "--checkpoint.interval", "2")
+    return out, scalars[LOSS], ModelBounds.from_dir(out / "hf" / f"step-{STEPS}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "nproc, flags",
+    [
+        (2, ["--batch-size", "4"]),
+        (1, ["--batch-size", "4", "--training.global_batch_size", "8"]),
+        (2, ["--parallelism.tensor_parallel_degree", "2"]),
+    ],
+    ids=["fsdp-2x4", "2-micro-batches", "tp-2"],
+)
+def test_dense_layouts_train_what_one_rank_trains(dense, tmp_path, nproc, flags):
+    _, reference, bounds = dense
+    losses = _train("native-backend", tmp_path / "run", nproc, *flags, *NO_OUTPUTS)[LOSS]
+    _assert_same_losses(reference, losses, bounds)
+
+
+@pytest.mark.slow
+def test_hf_v5_shards_what_one_rank_trains(tmp_path):
+    # transformers' model: its own initialisation rule, drawn whole per tensor too; FSDP2's reductions on gloo.
+    one = _train("hf-v5-backend", tmp_path / "one", 1, "--checkpoint.no-enable")
+    two = _train("hf-v5-backend", tmp_path / "two", 2, "--batch-size", "4", *NO_OUTPUTS)
+    _assert_same_losses(one[LOSS], two[LOSS], ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}"))
+
+
+def _resume(source: Path, tmp_path: Path, nproc: int, *flags: str) -> list[float]:
+    """The run of ``source`` resumed from its step-2 checkpoint (step 4's removed) on ``nproc`` ranks."""
+    out = tmp_path / "resumed"
+    shutil.copytree(source, out, ignore=shutil.ignore_patterns("tb", "hf", "logs", f"step-{STEPS}"))
+    return _train("native-backend", out, nproc, "--checkpoint.interval", "2", "--hf.no-export", *flags)[LOSS]
+
+
+@pytest.mark.slow
+def test_one_rank_checkpoint_resumes_on_two(dense, tmp_path):
+    source, reference, bounds = dense
+    losses = _resume(source, tmp_path, 2, "--batch-size", "4")
+    _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
+
+
+@pytest.mark.slow
+def test_two_rank_checkpoint_resumes_on_one(dense, tmp_path):
+    _, reference, bounds = dense
+    two = tmp_path / "two-ranks"
+    _train("native-backend", two, 2, "--batch-size", "4", "--checkpoint.interval", "2", "--hf.no-export")
+    # One rank, the same global batch in 4 micro-batches of 2.
+    losses = _resume(two, tmp_path, 1, "--batch-size", "2", "--training.global_batch_size", "8")
+    _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
+
+
+# -- pipeline parallel (untied), expert parallel (MoE) --------------------------------------------------
+
+
+@pytest.mark.slow
+def test_pipeline_parallel_trains_and_exports_what_one_rank_does(tmp_path):
+    model = make_tiny_checkpoint(tmp_path / "untied", tied=False)
+    bounds = ModelBounds.from_dir(model)
+    one = _train("native-backend", tmp_path / "one", 1, "--hf-model", str(model), "--checkpoint.no-enable")
+    pp = tmp_path / "pp"
+    two = _train("native-backend", pp, 2, "--hf-model", str(model), "--checkpoint.no-enable",
+                 "--parallelism.pipeline_parallel_degree", "2")  # fmt: skip
+    _assert_same_losses(one[LOSS], two[LOSS], bounds)
+    # Both stages' weights reach the export, under the names one rank writes.
+    assert load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors"))).keys() == (
+        load_file(next((pp / "hf" / f"step-{STEPS}").glob("*.safetensors"))).keys()
+    )
+
+
+MOE = ["--config", "debug_moe", "--moe.router_aux_loss", "on", "--moe.router_aux_loss_scope", "global_batch"]
+
+
+def _no_drop_capacity() -> str:
+    """A capacity at which no rank ever drops a token: each expert can take every token (experts / top_k)."""
+    from qwen3_titan_nki_moe.config_registry import debug_moe
+
+    moe = debug_moe().architecture.moe
+    return str(moe.num_experts / moe.num_experts_per_tok)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("moe") / "one-rank"
+    scalars = _train("nki-moe-backend", out, 1, *MOE, "--checkpoint.no-enable")
+    return scalars, ModelBounds.from_dir(out / "hf" / f"step-{STEPS}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "nproc, flags", [(2, ["--batch-size", "4"]), (4, ["--batch-size", "2"])], ids=["ep-2", "ep-2-fsdp-2"]
+)
+def test_expert_parallel_trains_what_one_rank_trains(moe, tmp_path, nproc, flags):
+    reference, bounds = moe
+    ep = ["--parallelism.expert_parallel_degree", "2", "--moe.capacity_factor", _no_drop_capacity()]
+    scalars = _train("nki-moe-backend", tmp_path / "ep", nproc, *MOE, *ep, *flags, *NO_OUTPUTS)
+    _assert_same_losses(reference[LOSS], scalars[LOSS], bounds)
+    assert scalars["moe/dropped_share"] == [0.0] * STEPS
+
+
+@pytest.mark.slow
+def test_expert_parallel_starts_from_and_exports_the_weights_of_one_rank(tmp_path):
+    # Learning rate 0: the export is the initial weights, drawn whole per tensor from the seed; every expert of
+    # both ranks must reach it in its place, bit for bit.
+    fixed = [*MOE, "--lr", "0", "--checkpoint.no-enable"]
+    _train("nki-moe-backend", tmp_path / "one", 1, *fixed)
+    _train(
+        "nki-moe-backend",
+        tmp_path / "ep",
+        2,
+        *fixed,
+        "--batch-size",
+        "4",
+        "--parallelism.expert_parallel_degree",
+        "2",
+    )
+    one = load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
+    ep = load_file(next((tmp_path / "ep" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
+    assert one.keys() == ep.keys()
+    different = [name for name in one if not one[name].equal(ep[name])]
+    assert not different, different
