@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 TRAIN = str(Path(sys.executable).with_name("train"))

@@ -31,7 +31,6 @@ LAYERS = [
     {"hf", "data"},
     {"train"},
     {"cli", "commands"},
-    {"testing"},  # the tests' helpers: they read checkpoints as the code under test does
 ]
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from qwen3_titan_common.models.lora import adapter_key
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.trained import load_trained_model
 from safetensors.torch import load_file

@@ -95,7 +95,7 @@ def test_my_rope_hf_matches_the_backends_reference(examples_on_path):
     mine, ours = my_neuron_kernels.rope_hf(*args), torch.ops.qwen3_titan.rope_hf(*args)
     assert all(torch.equal(a, b) for a, b in zip(mine, ours, strict=True))
     torch.library.opcheck(torch.ops.my_neuron_kernels.rope_hf, args)
-    from qwen3_titan_common.testing.tolerance import assert_close_reduction
+    from qwen3_titan_common.train.tolerance import assert_close_reduction
 
     grad = torch.randn_like(mine[0])
     # Each entry of q's gradient: two terms, an upstream gradient times a cosine or a sine (at most 1).

@@ -17,7 +17,7 @@ TRAIN = str(Path(sys.executable).with_name("train"))
 def test_tensor_parallel_from_a_model_of_another_vocabulary_equals_one_rank(tmp_path):
     """torchtitan's vocabulary-parallel cross-entropy splits the logits by the loss config's vocabulary: it must
     be the --hf-model's (8,192 here), not the config function's (4,096)."""
-    from qwen3_titan_common.testing.tolerance import ModelBounds
+    from qwen3_titan_common.train.tolerance import ModelBounds
     from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
     from tools.moe_balance_narrow import tensorboard_scalars

@@ -3,7 +3,7 @@
 Each layout runs 4 steps of global batch 8 beside one rank with batch 8, from the same seed (the same random
 weights in every layout: models.layout_init) and the same rows (one packed stream dealt to the ranks:
 data.dataset); step k's loss agrees within the derived bound of 2k - 1 forward passes of the model
-(testing.tolerance). A checkpoint of one rank count resumes on another and continues the same losses.
+(train.tolerance). A checkpoint of one rank count resumes on another and continues the same losses.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from safetensors.torch import load_file
 
@@ -67,11 +67,11 @@ def dense(tmp_path_factory):
 @pytest.mark.parametrize(
     "nproc, flags",
     [
-        (2, ["--batch-size", "4"]),
+        (4, ["--batch-size", "2"]),
         (1, ["--batch-size", "4", "--training.global_batch_size", "8"]),
         (2, ["--parallelism.tensor_parallel_degree", "2"]),
     ],
-    ids=["fsdp-2x4", "2-micro-batches", "tp-2"],
+    ids=["fsdp-4x2", "2-micro-batches", "tp-2"],
 )
 def test_dense_layouts_train_what_one_rank_trains(dense, tmp_path, nproc, flags):
     _, reference, bounds = dense
@@ -85,6 +85,21 @@ def test_hf_v5_shards_what_one_rank_trains(tmp_path):
     one = _train("hf-v5-backend", tmp_path / "one", 1, "--checkpoint.no-enable")
     two = _train("hf-v5-backend", tmp_path / "two", 2, "--batch-size", "4", *NO_OUTPUTS)
     _assert_same_losses(one[LOSS], two[LOSS], ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}"))
+
+
+@pytest.fixture(scope="module")
+def fsdp_two_ranks(tmp_path_factory):
+    """FSDP on 2 ranks of batch 4, checkpoints at steps 2 and 4: a layout, and a checkpoint of 2 ranks."""
+    out = tmp_path_factory.mktemp("fsdp") / "two-ranks"
+    return out, _train(
+        "native-backend", out, 2, "--batch-size", "4", "--checkpoint.interval", "2", "--hf.no-export"
+    )
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_ranks_trains_what_one_rank_trains(dense, fsdp_two_ranks):
+    _, reference, bounds = dense
+    _assert_same_losses(reference, fsdp_two_ranks[1][LOSS], bounds)
 
 
 def _resume(source: Path, tmp_path: Path, nproc: int, *flags: str) -> list[float]:
@@ -102,12 +117,10 @@ def test_one_rank_checkpoint_resumes_on_two(dense, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_rank_checkpoint_resumes_on_one(dense, tmp_path):
+def test_two_rank_checkpoint_resumes_on_one(dense, fsdp_two_ranks, tmp_path):
     _, reference, bounds = dense
-    two = tmp_path / "two-ranks"
-    _train("native-backend", two, 2, "--batch-size", "4", "--checkpoint.interval", "2", "--hf.no-export")
     # One rank, the same global batch in 4 micro-batches of 2.
-    losses = _resume(two, tmp_path, 1, "--batch-size", "2", "--training.global_batch_size", "8")
+    losses = _resume(fsdp_two_ranks[0], tmp_path, 1, "--batch-size", "2", "--training.global_batch_size", "8")
     _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
 
 
@@ -180,3 +193,27 @@ def test_expert_parallel_starts_from_and_exports_the_weights_of_one_rank(tmp_pat
     assert one.keys() == ep.keys()
     different = [name for name in one if not one[name].equal(ep[name])]
     assert not different, different
+
+
+# -- the check users run before a long job ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path):
+    env = {
+        **os.environ,
+        "QWEN3_TITAN_DEVICE": "cpu",
+        "QWEN3_TITAN_BACKEND": "native-backend",
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [TRAIN, "--check-layout", "--nproc", "2", "--batch-size", "4", "--seq-len", str(SEQ_LEN)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("[check] ")]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert lines[-1].startswith("[check] 2 ranks = dp_replicate 1 x dp_shard(FSDP) 2") and lines[-1].endswith(
+        ": ok"
+    )
+    assert "2 of the model's 4 layers, 3 steps, global batch 8 x 128" in lines[-1]
+    assert (
+        list(tmp_path.iterdir()) == []
+    )  # nothing written where it ran (its runs went to a temporary folder)

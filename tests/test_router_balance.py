@@ -8,7 +8,7 @@ whose attention mask is 0, and ours leaves out the row's padding document (``cou
 
 Tolerance: both sides are fp32 sums of ``layers * tokens`` probabilities (here 2 * 96; softmaxes over
 the experts), then a sum over the experts, all of positive terms: the derived bound of that chain
-(``qwen3_titan_common.testing.tolerance``, with sum |terms| = the loss), about 5e-5 of a loss near 2.
+(``qwen3_titan_common.train.tolerance``, with sum |terms| = the loss), about 5e-5 of a loss near 2.
 """
 
 import pytest
@@ -16,8 +16,8 @@ import torch
 from qwen3_titan_common.commands.eval import eval_model_builder
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.models.routing import router_balance_loss, take_routing
-from qwen3_titan_common.testing.tolerance import assert_close_reduction, qwen3_forward_lengths, reduction_atol
 from qwen3_titan_common.train.router_balance import counted_tokens
+from qwen3_titan_common.train.tolerance import assert_close_reduction, qwen3_forward_lengths, reduction_atol
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX
 

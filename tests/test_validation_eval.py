@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.perf.train_log import parse_step_lines, parse_validation_lines
-from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 
 BIN = Path(sys.executable).parent

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from qwen3_titan_common.models.ep_dispatch import CapacityTokenDispatcher
-from qwen3_titan_common.testing.tolerance import assert_close_reduction
+from qwen3_titan_common.train.tolerance import assert_close_reduction
 from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 E, K, T, D, RANKS = 4, 2, 6, 8, 2  # experts, top-k, tokens per rank, width, expert-parallel ranks

@@ -7,7 +7,7 @@ import pytest
 import torch
 from qwen3_titan_common.commands.eval import main
 from qwen3_titan_common.data.validation import ValidationDataLoader
-from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.tokenizer import HuggingFaceTokenizer

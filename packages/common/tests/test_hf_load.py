@@ -4,7 +4,7 @@ import pytest
 import torch
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import build_titan_qwen3
-from qwen3_titan_common.testing.tolerance import ModelBounds
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 

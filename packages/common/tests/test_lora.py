@@ -35,8 +35,8 @@ from qwen3_titan_common.models.lora import (
 )
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 from qwen3_titan_common.perf.optimizer_state import describe_trainable, optimizer_state_bytes
-from qwen3_titan_common.testing.tolerance import ModelBounds
 from qwen3_titan_common.train.lora import LoRAOptions, check_lora_options
+from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.config import ParallelismConfig
 from transformers import AutoModelForCausalLM

@@ -238,7 +238,7 @@ def test_sdpa_attention_masks_each_packed_document_and_always_builds_its_mask():
     ours = AutoModelForCausalLM.from_config(config, attn_implementation=DOCUMENT_SDPA).eval()
     reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     reference.load_state_dict(ours.state_dict())
-    from qwen3_titan_common.testing.tolerance import ModelBounds
+    from qwen3_titan_common.train.tolerance import ModelBounds
 
     tokens = torch.randint(0, 64, (2, 12))
     positions = torch.tensor([list(range(5)) + list(range(7)), list(range(12))])

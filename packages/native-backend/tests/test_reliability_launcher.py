@@ -305,6 +305,21 @@ def test_router_balance_loss_with_tensor_parallelism(fails, tmp_path, pristine_m
     )  # fmt: skip
 
 
+def test_expert_capacity_without_expert_parallelism(fails, tmp_path):
+    moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)
+    fails(
+        ["--hf-model", str(moe), "--moe.capacity_factor", "2"],
+        "--moe.capacity_factor 2.0",
+        "only expert parallelism",
+    )
+
+
+def test_expert_capacity_no_one_means(fails, tmp_path):
+    moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)
+    args = ["--hf-model", str(moe), "--nproc", "2", "--parallelism.expert_parallel_degree", "2"]
+    fails([*args, "--moe.capacity_factor", "0"], "--moe.capacity_factor 0.0", "expected a positive number")
+
+
 def test_expert_parallel_needs_no_flag_beyond_its_degree(fails, tmp_path, monkeypatch, capfd):
     # torchtitan refuses EP > 1 with CUDA graphs on, whatever the device, once the MoE model is in the config;
     # without a CUDA device (or with EP on one) the run is eager without --training.disable_cuda_graphs.

@@ -1,4 +1,4 @@
-"""The reference ops' fp32 results as reductions, for ``qwen3_titan_common.testing.tolerance``.
+"""The reference ops' fp32 results as reductions, for ``qwen3_titan_common.train.tolerance``.
 
 Each function maps a result's name to ``(n_terms, abs_sum, carried)``, the arguments of
 ``assert_close_reduction(actual, expected, n_terms, abs_sum, atol=carried)``: the last reduction's
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from qwen3_titan_common.testing.tolerance import reduction_atol
+from qwen3_titan_common.train.tolerance import reduction_atol
 from qwen3_titan_nki_moe.ops.grouped_swiglu import grouped_mm, grouped_mm_weight_grad
 
 

@@ -10,7 +10,7 @@ docstrings) and that the grouped SwiGLU kernels' instruction count does not grow
 import pytest
 import torch
 from nki_kernel_runners import SIMULATOR, TWIN, runner
-from qwen3_titan_common.testing.tolerance import assert_close_reduction
+from qwen3_titan_common.train.tolerance import assert_close_reduction
 from qwen3_titan_nki_moe import (
     blockwise,
     kernel_limits,

@@ -9,7 +9,7 @@ one torch-neuronx version does (``tuple(map(int, grid))``).
 import fake_nki_twin_no_trainium as twin
 import pytest
 import torch
-from qwen3_titan_common.testing.tolerance import assert_close_reduction
+from qwen3_titan_common.train.tolerance import assert_close_reduction
 from qwen3_titan_nki_moe import registry  # noqa: F401  (registers the reference ops)
 from qwen3_titan_nki_moe.kernel_launch import KernelLaunchers, launch_grid
 from reduction_bounds import grouped_swiglu_bounds, rms_norm_bounds

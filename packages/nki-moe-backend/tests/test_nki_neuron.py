@@ -7,13 +7,13 @@ bf16 ulps (the kernels round where the reference rounds, but accumulate in fp32 
 order); fp32 ones (1e-4) cover the Scalar Engine's polynomial silu/silu' and the fp32 TensorE
 reductions; rms_norm's rsqrt runs on GpSimd, the engine the NKI docs name the more precise one, and
 its fp32 sums (the weight gradient's over 512 rows) get their derived bound on top
-(``qwen3_titan_common.testing.tolerance``).
+(``qwen3_titan_common.train.tolerance``).
 """
 
 import pytest
 import torch
 from qwen3_titan_common.runtime.device import neuron_available
-from qwen3_titan_common.testing.tolerance import assert_close_reduction
+from qwen3_titan_common.train.tolerance import assert_close_reduction
 from reduction_bounds import rms_norm_bounds
 
 pytestmark = [

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from qwen3_titan_common.testing.tolerance import assert_close_reduction
+from qwen3_titan_common.train.tolerance import assert_close_reduction
 from qwen3_titan_nki_moe import blockwise
 from qwen3_titan_nki_moe.ops import grouped_swiglu as grouped_swiglu_ops
 from reduction_bounds import grouped_swiglu_bounds

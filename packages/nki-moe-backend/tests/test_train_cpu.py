@@ -43,3 +43,18 @@ def test_recipe_config_lays_out_on_64_ranks(tmp_path):
     log = train(["--dry-run", "--nproc", "64", "--config", "qwen3_nki_moe_config"], tmp_path)
     assert "64 ranks = dp_replicate 1 x dp_shard(FSDP) 64" in log
     assert "30,532,122,624 parameters" in log
+    # Expert parallel 8: each rank holds an eighth of the experts, then FSDP shards over the rest: 30.5B / 64.
+    log = train(
+        [
+            "--dry-run",
+            "--nproc",
+            "64",
+            "--config",
+            "qwen3_nki_moe_config",
+            "--parallelism.expert_parallel_degree",
+            "8",
+        ],
+        tmp_path,
+    )
+    assert "expert parallel 8" in log and "30,532,122,624 parameters, 477,064,416 on rank 0" in log
+    assert "memory per rank" in log and "[dry-run] layout ok: 64 ranks" in log

@@ -78,6 +78,8 @@ class Qwen3Architecture:
         for key, value in changes.items():
             if key in _SOURCE_FIELDS:
                 source[key] = value
+                if key == "num_hidden_layers" and isinstance(source.get("layer_types"), list):
+                    source["layer_types"] = source["layer_types"][:value]  # one entry per layer
             elif key == "moe" and value is not None:
                 source.update(
                     num_experts=value.num_experts,

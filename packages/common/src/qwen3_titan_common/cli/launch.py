@@ -3,8 +3,9 @@
 ``train [launcher flags] [torchtitan flags]`` runs the upstream recipe's torchrun command (``plan``);
 every flag the launcher does not own is passed to torchtitan unchanged. ``--print-cmd`` prints that
 command instead of running it, ``--list-configs`` lists the backend's config functions, ``--dry-run``
-checks a layout of any size on this machine with torchtitan's fake process group, ``--print-sbatch``
-prints a Slurm batch script that runs the command on every node (``sbatch``).
+checks a layout of any size on this machine with torchtitan's fake process group, ``--check-layout`` runs
+it at 2 layers beside one rank (``train.layout_check``), ``--print-sbatch`` prints a Slurm batch script that
+runs the command on every node (``sbatch``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             from qwen3_titan_common.train.dry_run import dry_run
 
             return dry_run(plan)
+        if opts.check_layout:
+            from qwen3_titan_common.train.layout_check import check_layout
+
+            return check_layout(plan, lambda job: _run(job, user_command(argv), opts.show_traceback))
         return _train(plan, argv, show_traceback=opts.show_traceback)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
@@ -91,11 +96,7 @@ def _train(plan: LaunchPlan, argv: list[str], *, show_traceback: bool) -> int:
     """torchrun, its ranks checking everything before they write, then the summary rank 0 left."""
     started = time.monotonic()
     command = user_command(argv)
-    # The command as typed, for the exports' model cards (train.run_card).
-    env = {**os.environ, **plan.env_updates, COMMAND_ENV: shlex.join(command)}
-    raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
-    torchrun = [torchrun_executable(), *plan.command()[1:]]
-    code, summary = run_torchrun(torchrun, env, shown_env=plan.env_updates, show_tracebacks=show_traceback)
+    code, summary = _run(plan, command, show_traceback)
     python = ["uv", "run", "python"] if command[0] == "uv" else [sys.executable]
     wall_seconds = time.monotonic() - started
     lines = (
@@ -103,6 +104,15 @@ def _train(plan: LaunchPlan, argv: list[str], *, show_traceback: bool) -> int:
     )
     print("".join(f"[train] {line}\n" for line in lines), end="", flush=True)
     return code
+
+
+def _run(plan: LaunchPlan, command: list[str], show_traceback: bool):
+    """torchrun for ``plan``: its exit code and the summary rank 0 left. ``command``: as the user typed it,
+    for the exports' model cards (train.run_card); its presence tells the ranks the launcher reads them."""
+    raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
+    torchrun = [torchrun_executable(), *plan.command()[1:]]
+    env = {**os.environ, **plan.env_updates, COMMAND_ENV: shlex.join(command)}
+    return run_torchrun(torchrun, env, shown_env=plan.env_updates, show_tracebacks=show_traceback)
 
 
 def _interrupted_before_any_rank() -> int:

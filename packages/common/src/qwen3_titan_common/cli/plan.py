@@ -131,6 +131,10 @@ def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
         action="store_true",
         help="check the parallel layout, sharding and memory on this machine with a fake process group",
     )
+    p.add_argument(
+        "--check-layout", action="store_true",
+        help="run this layout at 2 layers beside one rank on this machine, 3 steps, and compare their losses",
+    )  # fmt: skip
     # torchrun's spellings are accepted too: its users type them.
     p.add_argument(
         "--nproc",
@@ -256,7 +260,7 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
     endpoint = _cluster_default(opts.rdzv_endpoint, "RDZV_ENDPOINT")
     if endpoint is None and os.environ.get("MASTER_ADDR") and nnodes > 1:
         endpoint = f"{os.environ['MASTER_ADDR']}:{os.environ.get('MASTER_PORT', '29500')}"
-    if nnodes > 1 and endpoint is None and not (opts.dry_run or opts.print_sbatch):
+    if nnodes > 1 and endpoint is None and not (opts.dry_run or opts.print_sbatch or opts.check_layout):
         raise LaunchError(
             f"--nnodes={nnodes} needs --rdzv-endpoint HOST:PORT (a host every machine reaches), "
             "or MASTER_ADDR/MASTER_PORT in the environment"

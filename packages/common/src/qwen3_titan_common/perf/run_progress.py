@@ -7,7 +7,10 @@ allocator warm-up), so the ETA and the mean throughput come from the intervals a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# Logged losses kept for the summary (train --check-layout compares two runs' steps); a long run keeps its first.
+KEPT_LOSSES = 1000
 
 
 @dataclass
@@ -23,6 +26,7 @@ class RunProgress:
     steady_seconds: float = 0.0
     peak_memory_gib: float | None = None
     trained_tokens: float = 0.0  # tokens that carried loss, estimated from each interval's trained share
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) of the first logged steps
 
     def record(
         self,
@@ -39,6 +43,8 @@ class RunProgress:
             self.steady_tokens += tokens
             self.steady_seconds += seconds
         self.last_step, self.final_loss = step, loss
+        if len(self.losses) < KEPT_LOSSES:
+            self.losses.append((step, loss))
         self.tokens += tokens
         self.seconds += seconds
         if trained_share is not None:

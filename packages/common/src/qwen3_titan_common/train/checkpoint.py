@@ -68,18 +68,18 @@ def checkpoint_bytes(model_parts: list[nn.Module]) -> int:
     return 4 * stored + 2 * 4 * params
 
 
-def _owners(held: dict[str, torch.Tensor]) -> list[tuple[str, int | None, tuple[int, ...], torch.dtype]]:
+def _owners(
+    held: dict[str, torch.Tensor], pipelined: bool
+) -> list[tuple[str, int | None, tuple[int, ...], torch.dtype]]:
     """Every tensor of the model as (name, the rank that sends it to the writer, shape, dtype), in one order
     on every rank; the rank is None where every rank holds every tensor (no pipeline stages: nothing to send)."""
     described = [(name, tuple(value.shape), value.dtype) for name, value in held.items()]
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not pipelined or not dist.is_initialized() or dist.get_world_size() == 1:
         return [(name, None, shape, dtype) for name, shape, dtype in described]
     everyone: list[list | None] = [None] * dist.get_world_size()
     dist.all_gather_object(
         everyone, [(name, shape, str(dtype).removeprefix("torch.")) for name, shape, dtype in described]
     )
-    if all(names == everyone[0] for names in everyone):
-        return [(name, None, shape, dtype) for name, shape, dtype in described]
     owners: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
     for rank, entries in enumerate(everyone):
         for name, shape, dtype in entries or ():
@@ -123,6 +123,10 @@ class Qwen3CheckpointManager(CheckpointManager):
         self.export_adapter = sd_adapter
         self.model_record = config.model_record
         self.checkpoint_bytes = checkpoint_bytes(model_parts)
+        # Pipeline stages hold different layers: an export gathers them (torchtitan hands its trainer over as
+        # the "train_state" state, whose parallel_dims say whether the run is pipelined).
+        trainer = (kwargs.get("states") or {}).get("train_state")
+        self.pipelined = bool(getattr(getattr(trainer, "parallel_dims", None), "pp_enabled", False))
 
     # torchtitan's public save()/load() check `enable` once and then call these two hooks, which its own
     # subclasses override (torchtitan.experiments.torchft); whether a step is saved is its `_should_save`.
@@ -170,7 +174,7 @@ class Qwen3CheckpointManager(CheckpointManager):
         rank that holds it (the ranks agree on names, shapes and dtypes first)."""
         held = {name: value for part in self.export_model_parts for name, value in part.state_dict().items()}
         device = next((v.to_local() if isinstance(v, DTensor) else v).device for v in held.values())
-        for name, owner, shape, dtype in _owners(held):
+        for name, owner, shape, dtype in _owners(held, self.pipelined):
             value = held.get(name)
             if isinstance(value, DTensor):
                 value = (

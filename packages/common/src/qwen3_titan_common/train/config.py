@@ -14,7 +14,6 @@ from typing import Any
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
 from torchtitan.config import CompileConfig, TrainingConfig
-from torchtitan.config.configs import DebugConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
@@ -22,7 +21,12 @@ from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
 from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.train.outputs import OutputDefaults
-from qwen3_titan_common.train.trainer import HFCheckpointConfig, ModelSpecBuilder, Qwen3Trainer
+from qwen3_titan_common.train.trainer import (
+    HFCheckpointConfig,
+    ModelSpecBuilder,
+    Qwen3DebugConfig,
+    Qwen3Trainer,
+)
 from qwen3_titan_common.train.validation import Qwen3Validator
 
 
@@ -158,6 +162,6 @@ def build_trainer_config(
         activation_checkpoint=SelectiveAC.Config() if shape.activation_checkpointing else None,
         compile=CompileConfig(enable=shape.compile_on_cuda and device_kind == "cuda"),
         # Structured logs are Meta-internal tooling, written before any check could stop a bad run.
-        debug=DebugConfig(seed=shape.seed, enable_structured_logging=False),
+        debug=Qwen3DebugConfig(seed=shape.seed, enable_structured_logging=False),
         **backend_fields,
     )

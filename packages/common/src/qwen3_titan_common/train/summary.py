@@ -47,6 +47,7 @@ class RunSummary:
     last_logged_step: int | None = (
         None  # the loss figures' step, when the run trained past its last step line
     )
+    losses: list[list[float]] | None = None  # [step, loss] of the logged steps (perf.run_progress keeps them)
 
     def write(self, path: str | os.PathLike) -> None:
         """Atomically: the launcher reads a complete file or none."""
@@ -189,6 +190,7 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
         checkpoint=checkpoint,
         export=str(Path(export).resolve()) if export else None,
         trained_share=progress.trained_share(),
+        losses=[[step, loss] for step, loss in progress.losses],
         **lora_fields,
     )
 

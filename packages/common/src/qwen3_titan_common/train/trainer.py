@@ -31,6 +31,7 @@ from typing import Annotated, Literal
 import torch
 import torch.distributed as dist
 import tyro
+from torchtitan.config.configs import DebugConfig
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
@@ -92,9 +93,17 @@ class HFCheckpointConfig:
     """Command that fetches model_dir, quoted when the directory is missing."""
 
 
+@dataclass(kw_only=True, slots=True)
+class Qwen3DebugConfig(DebugConfig):
+    layers: int | None = None
+    """Train only the first N decoder layers, from random weights at the model's width (a check of the
+    layout's numerics, not of the model: train --check-layout runs 2)."""
+
+
 class Qwen3Trainer(Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        debug: Qwen3DebugConfig = field(default_factory=Qwen3DebugConfig)
         hf: HFCheckpointConfig = field(default_factory=HFCheckpointConfig)
         lora: LoRAOptions = field(default_factory=LoRAOptions)
         moe: MoEOptions = field(default_factory=MoEOptions)
@@ -260,6 +269,31 @@ class Qwen3Trainer(Trainer):
                 report(summary_of(self, export), logger.info)
 
 
+def _first_layers(config: Qwen3Trainer.Config, layers: int) -> Qwen3Trainer.Config:
+    """``--debug.layers N``: the model (``--hf.model_dir``'s, else the config's) cut to its first N decoder
+    layers, from random weights: the directory's tokenizer and width are kept, its weights are not loaded."""
+    model_dir = config.hf.model_dir
+    architecture = read_architecture(absolute(model_dir)) if model_dir else config.architecture
+    if not 1 <= layers <= architecture.num_hidden_layers:
+        raise UserInputError(
+            f"--debug.layers {layers}: expected 1 to the model's {architecture.num_hidden_layers} decoder layers"
+        )
+    changes: dict = {"architecture": architecture.with_changes(num_hidden_layers=layers)}
+    if model_dir:
+        changes["hf"] = dataclasses.replace(config.hf, model_dir=None)
+        if any((absolute(model_dir) / name).is_file() for name in ("tokenizer.json", "vocab.json")):
+            changes["hf_assets_path"] = str(absolute(model_dir))
+    changes["model_spec"] = config.model_spec_builder(changes["architecture"], config.model_spec.flavor)
+    if getattr(config.loss, "global_vocab_size", None) is not None:
+        # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
+        changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
+    logger.info(
+        f"[start] --debug.layers {layers}: the first {layers} of {architecture.num_hidden_layers} decoder layers, "
+        "from random weights"
+    )
+    return dataclasses.replace(config, **changes)
+
+
 def _layout_graph_blocker(config: Trainer.Config) -> str | None:
     """Why the parallel layout keeps the step out of a CUDA graph (torchtitan's own rule), or None."""
     if config.parallelism.pipeline_parallel_degree > 1:
@@ -293,6 +327,8 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
             f"[start] outputs go to {dump_folder}: named after --hf.model_dir (--dump_folder picks another)"
         )
         config = dataclasses.replace(config, dump_folder=dump_folder)
+    if config.debug.layers is not None:
+        config = _first_layers(config, config.debug.layers)
     start = plan_start(
         model_dir=config.hf.model_dir,
         checkpoint_folder=Path(config.dump_folder) / config.checkpoint.folder,

@@ -1,1 +1,0 @@
-"""Helpers for the workspace's tests (importable from every package's tests and the root tests)."""
