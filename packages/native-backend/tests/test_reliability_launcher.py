@@ -305,6 +305,25 @@ def test_router_balance_loss_with_tensor_parallelism(fails, tmp_path, pristine_m
     )  # fmt: skip
 
 
+def test_debug_layers_beyond_the_model(fails, tmp_path):
+    fails(["--debug.layers", "5"], "--debug.layers 5", "expected 1 to the model's 4 decoder layers")
+
+
+def test_debug_layers_of_a_model_directory(tmp_path, monkeypatch, capfd):
+    # Its architecture (vocabulary 8,192) and tokenizer, its first layer only, random weights: every rank check
+    # passes (the folder's weights are not read; the loss splits logits by the folder's vocabulary).
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    saved = dict(os.environ)
+    model = make_tiny_checkpoint(tmp_path / "model", vocab_size=8192)
+    args = ["--hf-model", str(model), "--debug.layers", "1", "--dump_folder", str(tmp_path / "out")]
+    try:
+        assert checks_in_process(BACKEND, args) == 0, capfd.readouterr()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def test_expert_capacity_without_expert_parallelism(fails, tmp_path):
     moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)
     fails(

@@ -269,29 +269,26 @@ class Qwen3Trainer(Trainer):
                 report(summary_of(self, export), logger.info)
 
 
-def _first_layers(config: Qwen3Trainer.Config, layers: int) -> Qwen3Trainer.Config:
-    """``--debug.layers N``: the model (``--hf.model_dir``'s, else the config's) cut to its first N decoder
-    layers, from random weights: the directory's tokenizer and width are kept, its weights are not loaded."""
+def _first_layers(config: Qwen3Trainer.Config, layers: int) -> tuple[Qwen3Trainer.Config, Qwen3Architecture]:
+    """``--debug.layers N``: the run's config without ``--hf.model_dir`` (its tokenizer kept, its weights not
+    loaded) and the architecture (the directory's, else the config's) cut to its first N decoder layers."""
     model_dir = config.hf.model_dir
     architecture = read_architecture(absolute(model_dir)) if model_dir else config.architecture
     if not 1 <= layers <= architecture.num_hidden_layers:
         raise UserInputError(
             f"--debug.layers {layers}: expected 1 to the model's {architecture.num_hidden_layers} decoder layers"
         )
-    changes: dict = {"architecture": architecture.with_changes(num_hidden_layers=layers)}
     if model_dir:
-        changes["hf"] = dataclasses.replace(config.hf, model_dir=None)
-        if any((absolute(model_dir) / name).is_file() for name in ("tokenizer.json", "vocab.json")):
-            changes["hf_assets_path"] = str(absolute(model_dir))
-    changes["model_spec"] = config.model_spec_builder(changes["architecture"], config.model_spec.flavor)
-    if getattr(config.loss, "global_vocab_size", None) is not None:
-        # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
-        changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
+        changes: dict = {"hf": dataclasses.replace(config.hf, model_dir=None)}
+        folder = Path(absolute(model_dir))
+        if any((folder / name).is_file() for name in ("tokenizer.json", "vocab.json")):
+            changes["hf_assets_path"] = str(folder)
+        config = dataclasses.replace(config, **changes)
     logger.info(
         f"[start] --debug.layers {layers}: the first {layers} of {architecture.num_hidden_layers} decoder layers, "
         "from random weights"
     )
-    return dataclasses.replace(config, **changes)
+    return config, architecture.with_changes(num_hidden_layers=layers)
 
 
 def _layout_graph_blocker(config: Trainer.Config) -> str | None:
@@ -327,8 +324,9 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
             f"[start] outputs go to {dump_folder}: named after --hf.model_dir (--dump_folder picks another)"
         )
         config = dataclasses.replace(config, dump_folder=dump_folder)
+    cut = None
     if config.debug.layers is not None:
-        config = _first_layers(config, config.debug.layers)
+        config, cut = _first_layers(config, config.debug.layers)
     start = plan_start(
         model_dir=config.hf.model_dir,
         checkpoint_folder=Path(config.dump_folder) / config.checkpoint.folder,
@@ -340,7 +338,7 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         f"[precision] {precision_line(config.training.mixed_precision_param, titan_utils.device_type)}"
     )
     changes: dict = {}
-    architecture = config.architecture
+    architecture = cut or config.architecture
     if config.hf.model_dir and start.kind == "resume":
         # The architecture still comes from the directory the run started from.
         try:
