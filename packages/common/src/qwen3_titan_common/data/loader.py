@@ -34,6 +34,10 @@ from qwen3_titan_common.data.tokens import DocumentTokenizer
 # means, recorded beside the checkpoints (train.model_record) so that one of another meaning is refused by name.
 POSITION_KEY = "position"
 POSITION_FORMAT = "one packed stream, dealt to the ranks by global batch"
+PER_RANK_POSITION = (
+    "its data position is a per-rank share of the records, written before one packed stream was dealt to every "
+    "layout; resume it with the version that wrote it, or start a new --dump_folder"
+)
 
 
 class TextChatDataLoader(ParallelAwareDataloader):
@@ -151,12 +155,8 @@ class TextChatDataLoader(ParallelAwareDataloader):
             return
         if (
             POSITION_KEY not in state_dict
-        ):  # a checkpoint of before (train.model_record names its folder first)
-            raise DatasetError(
-                "the checkpoint's data position is a per-rank share of the records, written before one packed "
-                "stream was dealt to every layout; resume it with the version that wrote it, or start a new "
-                "--dump_folder"
-            )
+        ):  # a checkpoint of before: train.model_record names its folder first
+            raise DatasetError(f"the checkpoint: {PER_RANK_POSITION}")
         super(ParallelAwareDataloader, self).load_state_dict(json.loads(state_dict[POSITION_KEY]))
 
 

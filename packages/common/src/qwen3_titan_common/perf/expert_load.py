@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from torchtitan.tools import utils as titan_utils
 
 
 class ExpertCounts(NamedTuple):
@@ -78,19 +79,25 @@ def all_ranks_counts(model_parts, parallel_dims) -> ExpertCounts | None:
     if not counts:
         return None
     names = list(counts)
-    stacked_LE = torch.stack([counts[n] for n in names])
-    # As torchtitan's own load-balancing hook sums them: over the ranks that see other tokens.
-    if parallel_dims.ep_enabled and parallel_dims.tp > 1:
-        dist.all_reduce(stacked_LE, group=parallel_dims.get_mesh("tp").get_group())
-    loss_mesh = parallel_dims.get_optional_mesh("loss") if parallel_dims.dp_cp_enabled else None
-    if loss_mesh is not None:
-        dist.all_reduce(stacked_LE, group=loss_mesh.get_group())
+    stacked_LE = _summed_over_token_ranks(torch.stack([counts[n] for n in names]), parallel_dims)
     return ExpertCounts(top_k, dict(zip(names, stacked_LE, strict=True)))
 
 
-def dropped_assignments(model_parts) -> tuple[int, int]:
-    """(assignments dropped over capacity, assignments routed) on this rank since the last call, over the
-    dispatchers that drop (``models.ep_dispatch``: they offer ``take_dropped``); (0, 0) where none does."""
+def _summed_over_token_ranks(tensor: torch.Tensor, parallel_dims) -> torch.Tensor:
+    """``tensor`` summed over the ranks that route other tokens, as torchtitan's own load-balancing hook sums
+    its counts: the tensor-parallel ranks of an expert-parallel run, then the data- and context-parallel ones."""
+    if parallel_dims.ep_enabled and parallel_dims.tp > 1:
+        dist.all_reduce(tensor, group=parallel_dims.get_mesh("tp").get_group())
+    loss_mesh = parallel_dims.get_optional_mesh("loss") if parallel_dims.dp_cp_enabled else None
+    if loss_mesh is not None:
+        dist.all_reduce(tensor, group=loss_mesh.get_group())
+    return tensor
+
+
+def dropped_assignments(model_parts, parallel_dims) -> tuple[int, int]:
+    """(assignments dropped over capacity, assignments routed) since the last call, over every rank that routes
+    other tokens (a collective: every rank calls it), from the dispatchers that drop (``models.ep_dispatch``:
+    they offer ``take_dropped``); (0, 0) where none does."""
     dropped = routed = 0
     for part in model_parts or ():
         for module in part.modules():
@@ -98,4 +105,7 @@ def dropped_assignments(model_parts) -> tuple[int, int]:
             if callable(take):
                 d, r = take()
                 dropped, routed = dropped + d, routed + r
-    return dropped, routed
+    # On the device the run's collectives use (torchtitan's device type, as its meshes are built on).
+    totals = torch.tensor([dropped, routed], dtype=torch.int64, device=titan_utils.device_type)
+    dropped, routed = _summed_over_token_ranks(totals, parallel_dims).tolist()
+    return int(dropped), int(routed)

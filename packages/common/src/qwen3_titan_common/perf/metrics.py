@@ -188,15 +188,10 @@ class Qwen3Metrics(MetricsProcessor):
 
     def _dropped_text(self, metrics: dict[str, Any]) -> str:
         """``, N dropped`` where a fixed-capacity expert exchange (``models.ep_dispatch``) dropped assignments
-        over capacity since the last line, summed over the data-parallel ranks; empty where none runs."""
+        over capacity since the last line, summed over the ranks as the expert loads are; empty where none runs."""
         if not self.parallel_dims.ep_enabled:
             return ""
-        totals = torch.tensor(dropped_assignments(self.model_parts), dtype=torch.int64)
-        loss_mesh = self.parallel_dims.get_optional_mesh("loss") if self.parallel_dims.dp_cp_enabled else None
-        if loss_mesh is not None:
-            totals = totals.to(loss_mesh.device_type)
-            dist.all_reduce(totals, group=loss_mesh.get_group())
-        dropped, routed = (int(x) for x in totals.tolist())
+        dropped, routed = dropped_assignments(self.model_parts, self.parallel_dims)
         if not routed:
             return ""
         metrics["moe/dropped_share"] = dropped / routed

@@ -177,9 +177,8 @@ class Qwen3CheckpointManager(CheckpointManager):
         for name, owner, shape, dtype in _owners(held, self.pipelined):
             value = held.get(name)
             if isinstance(value, DTensor):
-                value = (
-                    value.full_tensor()
-                )  # a collective of the ranks holding it: every one of them calls it
+                # A collective of the ranks holding it: every one of them calls it.
+                value = value.full_tensor()
             if owner is not None:
                 received = (
                     value.detach()

@@ -79,17 +79,15 @@ def schedule_changes(folder: Path, record: dict[str, Any]) -> list[str]:
 def check_data_position(folder: Path, record: dict[str, Any], *, step: int) -> None:
     """Refuse to resume a data position of another meaning (one saved per rank, before every layout read one
     stream): the loader could not continue it. Checkpoints without a record are not judged."""
+    from qwen3_titan_common.data.loader import PER_RANK_POSITION  # the loader's own words; torch only here
+
     ours = record.get("data_position")
     try:
         saved = json.loads((folder / RECORD_NAME).read_text())
     except (OSError, ValueError):
         return  # no record, or check_model_record has named an unreadable one
     if ours is not None and isinstance(saved, dict) and saved.get("data_position") != ours:
-        raise UserInputError(
-            f"{folder}/step-{step}: its data position is a per-rank share of the records, written before one "
-            "packed stream was dealt to every layout; resume it with the version that wrote it, or start a new "
-            "--dump_folder"
-        )
+        raise UserInputError(f"{folder}/step-{step}: {PER_RANK_POSITION}")
 
 
 def write_model_record(folder: Path, record: dict[str, Any]) -> None:

@@ -46,15 +46,16 @@ def first_non_finite(model_parts: list[nn.Module]) -> str | None:
             names.append(name)
             flags.append(_non_finite(param.to_local() if isinstance(param, DTensor) else param))
     found = torch.stack(flags) if flags else torch.zeros(0)
+    if dist.is_initialized():
+        # A shard of a weight may be finite on one rank and not on another: the flag of any rank counts.
+        anywhere = found.max().reshape(1) if flags else torch.zeros(1)
+        dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)  # on the weights' device: the run's backend for it
+        if not bool(anywhere.item()):
+            return None
     local = torch.nonzero(found.cpu()).flatten().tolist()
+    first = names[local[0]] if local else None
     if not dist.is_initialized():
-        return names[local[0]] if local else None
-    # A shard of a weight may be finite on one rank and not on another: the flag of any rank counts.
-    device = found.device if flags else torch.device("cpu")
-    anywhere = (found.max() if flags else torch.zeros((), device=device)).reshape(1).to(device)
-    dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)  # on the weights' device: the run's backend for it
-    if not bool(anywhere.item()):
-        return None
+        return first
     everyone: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, names[local[0]] if local else None)
-    return next((name for name in everyone if name is not None), "(a sharded weight)")
+    dist.all_gather_object(everyone, first)
+    return next(name for name in everyone if name is not None)  # the flag came from some rank's own name
