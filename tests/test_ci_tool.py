@@ -236,6 +236,18 @@ def test_a_step_beside_another_prints_its_output_as_one_block(capsys):
     assert sorted(line for line in out if line.startswith("live ")) == sorted(f"live {i}" for i in range(40))
 
 
+def test_lanes_share_the_cores_and_a_thread_count_the_caller_set_is_kept(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert lanes.lane_threads(2, {}) == {"OMP_NUM_THREADS": "1"}
+    assert lanes.lane_threads(1, {}) == {"OMP_NUM_THREADS": "2"}
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert lanes.lane_threads(2, {}) == {"OMP_NUM_THREADS": "8"}
+    assert lanes.lane_threads(3, {}) == {"OMP_NUM_THREADS": "5"}
+    assert lanes.lane_threads(2, {"OMP_NUM_THREADS": "4"}) == {}
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert lanes.lane_threads(2, {}) == {"OMP_NUM_THREADS": "1"}
+
+
 def test_slow_weight_counts_the_slow_marks_of_a_steps_tests(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests/test_a.py").write_text(

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
 
 from tools.ci.environment import ENVS
-from tools.ci.lanes import Step, default_lanes, run_steps, slow_weight
+from tools.ci.lanes import Step, default_lanes, lane_threads, run_steps, slow_weight
 from tools.ci.package_run import run_package
 from tools.ci.packages import ROOT, Package, discover, normalize
 from tools.ci.process import say
@@ -74,9 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     run_root = not (args.package or args.skip_root)
 
     start = time.monotonic()
+    os.environ.update(lane_threads(args.jobs, dict(os.environ)))
     say(
         f"packages: {', '.join(p.name for p in selected) or 'none'}; root tests and lint: {'yes' if run_root else 'no'}; "
-        f"{args.jobs} at a time"
+        f"{args.jobs} at a time, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
     )
     steps = [package_step(p, pytest_args) for p in selected]
     if run_root:
