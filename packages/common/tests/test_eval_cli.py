@@ -119,6 +119,24 @@ def _hub_adapter(path, base_dir):
     return write_adapter_dir(spec, {key: torch.zeros(shape) for key, shape in shapes.items()})
 
 
+def _without_tokenizer(path, model_dir):
+    """A copy of ``model_dir``'s config and weights alone."""
+    path.mkdir()
+    for source in [model_dir / "config.json", *model_dir.glob("model*.safetensors*")]:
+        (path / source.name).write_bytes(source.read_bytes())
+    return path
+
+
+def test_a_model_without_tokenizer_files_takes_the_one_named(capsys, tmp_path, dense):
+    bare = _without_tokenizer(tmp_path / "bare", dense)
+    named = _report(capsys, bare, "--tokenizer", dense, "--seq-len", "64", "--max-batches", "1")
+    default = _report(capsys, bare, "--tokenizer", "default", "--seq-len", "64", "--max-batches", "1")
+    own = _report(capsys, dense, "--seq-len", "64", "--max-batches", "1")
+    # The tiny checkpoint carries the embedded tokenizer: the same ids, the same loss.
+    assert named["results"][0]["loss"] == default["results"][0]["loss"] == own["results"][0]["loss"]
+    assert named["tokenizer"] == str(dense)
+
+
 def _listing(*roots):
     return {str(p): p.stat().st_mtime_ns for root in roots for p in root.rglob("*")}
 
@@ -130,13 +148,16 @@ def _listing(*roots):
         (["{empty}"], "config.json"),
         (
             ["{dense}", "--dataset", "{missing}"],
-            "--dataloader.dataset '{missing}': no such file or directory",
+            "--dataset '{missing}': no such file or directory",
         ),
+        (["{dense}", "--seq-len", "4096"], "--seq-len 4096: longer than the model's max_position_embeddings"),
+        (["{untokenized}"], "no tokenizer files (tokenizer.json) beside the model; pass --tokenizer DIR"),
+        (["{dense}", "--tokenizer", "{empty}"], "--tokenizer {empty}: no tokenizer.json there"),
         (["{dense}", "--backend", "nope"], "--backend nope: not an installed backend"),
         (["{dense}", "--seq-len", "0"], "--seq-len 0: expected a positive integer"),
         (
             ["{dense}", "--dataset", "{bad_record}"],
-            "bad.jsonl:2: field 'text' is a number (expected a string)",
+            "bad.jsonl:2: field 'text' is a number (expected a string) (fix it, or pass --on-bad-record skip",
         ),
         (
             ["{hub_adapter}"],
@@ -148,6 +169,9 @@ def _listing(*roots):
         "missing-dir",
         "no-config",
         "missing-dataset",
+        "seq-len-beyond-positions",
+        "no-tokenizer",
+        "tokenizer-not-a-tokenizer",
         "unknown-backend",
         "zero-seq-len",
         "bad-record",
@@ -166,6 +190,7 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch,
         "dense": dense,
         "bad_record": bad_record,
         "hub_adapter": _hub_adapter(tmp_path / "adapter", dense),
+        "untokenized": _without_tokenizer(tmp_path / "untokenized", dense),
     }
     before = _listing(tmp_path, dense)
     assert main([a.format(**names) for a in argv]) == 2

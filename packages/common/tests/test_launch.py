@@ -235,8 +235,8 @@ def test_a_ranks_parser_box_becomes_one_line_naming_the_typed_flag():
     prefixed = "".join(f"[rank0]:{line}\n" for line in box.splitlines())
     for text in (box, prefixed):
         assert parser_message(text, ["--config", "debug", "--training.stepz", "2"]) == (
-            "--training.stepz, 2: not a flag of this config; perhaps you meant --training.steps"
-        )
+            "--training.stepz: not a flag of this config; perhaps you meant --training.steps"
+        )  # the flag's stray value, which tyro lists too, is not a second unknown flag
     boolean = TYRO_BOX.format(unknown="True").replace("Perhaps you meant:", "")
     assert parser_message(boolean, ["--checkpoint.enable=True"]).startswith(
         "--checkpoint.enable=True: not a flag of this config (booleans are written --section.name"

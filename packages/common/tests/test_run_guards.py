@@ -123,3 +123,22 @@ def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_trace
     lines = proc.stderr.splitlines()
     assert lines[0] == "[stopped] internal error: RuntimeError: boom" and lines[1].startswith("Traceback")
     assert json.loads((rank_dir / "error.json").read_text())["message"]["message"] == "RuntimeError: boom"
+
+
+def test_out_of_memory_names_the_flags_that_shrink_a_rank(tmp_path, monkeypatch):
+    import torch
+    from qwen3_titan_common.train.rank_errors import translate
+
+    monkeypatch.setenv("RANK", "3")
+    cpu = RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried to "
+        "allocate 137438953472 bytes. Error code 12 (Cannot allocate memory)"
+    )
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+    wrapped = RuntimeError("step failed")
+    wrapped.__cause__ = cpu
+    for error in (cpu, cuda, wrapped):
+        line = str(translate(error, str(tmp_path)))
+        assert line.startswith("out of memory in rank 3 (") and "\n" not in line, line
+        assert "--training.local_batch_size (--batch-size)" in line and "train --dry-run" in line, line
+    assert translate(RuntimeError("shape mismatch"), str(tmp_path)) is None

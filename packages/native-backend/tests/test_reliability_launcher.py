@@ -831,3 +831,116 @@ def test_interrupted_before_any_rank(tmp_path):
     out, err = proc.communicate(timeout=120)
     check_failure(proc.returncode, out, first_line + err, 130, "interrupted before any rank started")
     assert changes(before, snapshot(tmp_path)) == []
+
+
+# -- values no one means, the same rule everywhere (issue 40) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--training.max_norm", "-1"], "--training.max_norm -1.0: expected a positive number"),
+        (["--training.max_norm", "0"], "--training.max_norm 0.0: expected a positive number"),
+        (["--warmup", "-1"], "--lr_scheduler.warmup_steps -1 (--warmup): expected an integer >= 0"),
+        (["--decay", "1.5"], "--lr_scheduler.decay_ratio 1.5 (--decay): expected a fraction in [0, 1]"),
+        (["--lr_scheduler.min_lr_factor", "2"], "--lr_scheduler.min_lr_factor 2.0: expected a fraction"),
+        (["--dataloader.prefetch_factor", "4"], "--dataloader.prefetch_factor 4: applies only to loader worker"),
+        (["--dataloader.persistent_workers"], "--dataloader.persistent_workers True: applies only"),
+        (["--dataloader.num_workers", "-1"], "--dataloader.num_workers -1: expected an integer >= 0"),
+    ],
+    ids=["clip-negative", "clip-zero", "warmup-negative", "decay-over-one", "min-lr-over-one",
+         "prefetch-without-workers", "persistent-without-workers", "workers-negative"],
+)  # fmt: skip
+def test_schedule_and_loader_values_no_one_means(fails, argv, culprit):
+    fails(argv, culprit)
+
+
+@pytest.fixture
+def passes(tmp_path, monkeypatch, capfd):
+    """What ``train ARGV`` checks before anything is written accepts ARGV."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    saved = dict(os.environ)
+
+    def _passes(argv):
+        code = checks_in_process(BACKEND, [*argv, "--dump_folder", str(tmp_path / "out")])
+        assert code == 0, capfd.readouterr().err
+
+    yield _passes
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_no_clipping_is_inf(passes):
+    passes(["--training.max_norm", "inf"])
+
+
+def test_misspelled_short_flag_names_the_one_meant(fails):
+    line = fails(["--stpes", "3"], "--stpes: not a flag of this config", "perhaps you meant --steps")
+    assert ", 3" not in line  # the stray value is not reported as a second unknown flag
+
+
+def test_empty_dump_folder(fails):
+    fails(["--out", ""], "--dump_folder (--out) is empty", dump=False)
+
+
+def test_dump_folder_inside_the_data_folder(fails, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    _write(data / "train.jsonl", GOOD + "\n")
+    for out in (data, data / "run"):
+        fails(["--dataloader.dataset", str(data), "--out", str(out)], "inside the data folder", dump=False)
+
+
+def test_rope_scaling_written_as_plain_rope_is_accepted(passes, model):
+    config = json.loads((model / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "default"}
+    _write(model / "config.json", json.dumps(config))
+    passes(["--hf-model", str(model)])
+
+
+def test_model_dir_names_another_model_class(fails, model):
+    config = json.loads((model / "config.json").read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    _write(model / "config.json", json.dumps(config))
+    fails(
+        ["--hf-model", str(model)], "config.json", "'architectures'=['LlamaForCausalLM']", "Qwen3ForCausalLM"
+    )
+
+
+def test_resume_with_fewer_steps_than_the_checkpoint(fails, tmp_path):
+    from qwen3_titan_common.assets import default_architecture
+    from qwen3_titan_common.data.loader import POSITION_FORMAT
+    from qwen3_titan_common.train.model_record import schedule_of
+    from qwen3_titan_native.config_registry import debug
+
+    record = model_record("qwen3", default_architecture(), schedule_of(debug()), POSITION_FORMAT)
+    _checkpoint_of(tmp_path / "out" / "checkpoint", record)
+    fails(["--steps", "3"], "--training.steps 3 (--steps): the newest checkpoint", "at step 5", "above 5")
+
+
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--stpes", "3"], "--stpes: not a flag of this config"),
+        (["--lr", "-1"], "lr -1.0 (--lr): expected a number >= 0"),
+        (["--dataloader.dataset", "nowhere.jsonl"], "nowhere.jsonl': no such file"),
+        (["--dry-run"], "--print-sbatch and --dry-run both given"),
+        (["--nnodes", "2", "--parallelism.tensor_parallel_degree", "3"], "does not divide"),
+    ],
+    ids=["misspelled", "lr-negative", "data-missing", "dry-run", "layout"],
+)
+def test_print_sbatch_checks_the_job_before_printing_it(fails, argv, culprit):
+    line = fails(["--print-sbatch", "cpu", *argv], culprit, dump=False)
+    assert "#!/bin/bash" not in line
+
+
+def test_dry_run_of_a_batch_this_machine_cannot_hold(fails):
+    from qwen3_titan_common.perf.fit import available_host_bytes
+
+    # The logits alone (fp32 copy and gradient, 4096-token vocabulary) outgrow this machine's memory.
+    rows = max(64, int(4 * available_host_bytes() / (256 * 4096 * 8)) // 64 * 64)
+    line = fails(["--dry-run", "--batch-size", str(rows)], f"--training.local_batch_size {rows} (--batch-size)",
+                 "does not fit", "GiB per rank here (cpu:", "fits by the same estimate")  # fmt: skip
+    fits = int(line.split("(--batch-size) ")[-1].split()[0])
+    assert 1 <= fits < rows

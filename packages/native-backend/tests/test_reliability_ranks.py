@@ -66,11 +66,14 @@ def _text_file(path: Path, bad_at: int, bad: str, lines: int = 160) -> Path:
 
 
 def test_bad_record_deep_in_the_file(tmp_path):
-    # Beyond the first records the launcher reads: found by the loader inside the rank.
+    # Beyond the first records the launcher reads: found by the loader inside the rank. With restarts
+    # allowed, the error (which every restart would meet again) still ends the run at once.
     data = _text_file(tmp_path / "d.jsonl", 100, json.dumps({"body": "x"}))
     args = ["--dataloader.dataset", str(data), "--dataloader.no-shuffle", "--training.steps", "40",
-            "--training.seq_len", "64", "--training.local_batch_size", "4", *QUICK]  # fmt: skip
+            "--training.seq_len", "64", "--training.local_batch_size", "4", "--max-restarts", "2", *QUICK]  # fmt: skip
     _fails(tmp_path, args, 2, "d.jsonl:100", "field 'text' missing", "--dataloader.on_bad_record skip")
+    (log,) = (tmp_path / "out" / "logs").glob("train-*.log")
+    assert "--max-restarts=2" in log.read_text() and "restarted the ranks" not in log.read_text()
 
 
 def test_bad_record_in_the_share_of_rank_1(tmp_path):
@@ -175,7 +178,13 @@ def test_rank_killed_by_the_system(tmp_path):
     os.kill(ranks[0], signal.SIGKILL)  # as the kernel's OOM killer does
     proc.wait(timeout=300)
     failure = check_failure(
-        proc.returncode, "", "".join(lines), 1, "rank 0 was killed by SIGKILL", "the full log is in"
+        proc.returncode,
+        "",
+        "".join(lines),
+        1,
+        "rank 0 was killed by SIGKILL",
+        "(--batch-size)",
+        "the full log is in",
     )
     assert Path(failure.line.split("the full log is in ")[1].split(" (")[0]).is_file()
 

@@ -50,11 +50,14 @@ def test_the_summary_counts_the_steps_trained_not_the_steps_logged(tmp_path):
 def test_resuming_with_another_schedule_says_so_in_one_line(tmp_path):
     _train(["--steps", "2", "--out", "out"], cwd=tmp_path)
     same = _train(["--steps", "3", "--out", "out"], cwd=tmp_path)
-    assert "another schedule" not in same  # only --steps changed: the same schedule, lengthened
-    log = _train(["--steps", "4", "--lr", "0.001", "--warmup", "1", "--out", "out"], cwd=tmp_path)
-    (line,) = [x for x in log.splitlines() if "another schedule" in x]
+    assert "other settings" not in same  # only --steps changed: the same schedule, lengthened
+    changed = ["--lr", "0.001", "--warmup", "1", "--seq-len", "128", "--batch-size", "4"]
+    log = _train(["--steps", "4", *changed, "--out", "out"], cwd=tmp_path)
+    (line,) = [x for x in log.splitlines() if "other settings" in x]
     assert "resuming step 3" in line and "param_groups.0.lr 0.003 there, 0.001 here" in line, line
-    assert "lr_scheduler.warmup_steps 3 there, 1 here" in line and "applies from step 4" in line, line
+    assert "lr_scheduler.warmup_steps 3 there, 1 here" in line and "apply from step 4" in line, line
+    assert "training.seq_len 256 there, 128 here" in line, line
+    assert "training.global_batch_size 8 there, 4 here" in line, line
 
 
 @pytest.mark.slow

@@ -152,10 +152,35 @@ def _check_required(config: Mapping[str, Any], model_type: str, where: str) -> N
 
 def _check_rope_scaling(config: Mapping[str, Any], where: str) -> None:
     # Checked as the file wrote it, before transformers sees it: transformers folds rope_scaling into
-    # rope_parameters (losing the field's name) and validates the scaling parameters first.
-    if config.get("rope_scaling") is not None:
+    # rope_parameters (losing the field's name) and validates the scaling parameters first. Plain RoPE
+    # written out ({"rope_type": "default"}, or the older "type") is what transformers reads as no scaling.
+    scaling = config.get("rope_scaling")
+    if scaling is None:
+        return
+    plain = (
+        isinstance(scaling, Mapping)
+        and {key: value for key, value in scaling.items() if key not in ("rope_type", "type", "rope_theta")}
+        == {}
+        and scaling.get("rope_type", scaling.get("type")) == "default"
+    )
+    if not plain:
         raise ArchitectureError(
-            f"{where}: field 'rope_scaling'={config['rope_scaling']!r} is not supported (expected None)"
+            f"{where}: field 'rope_scaling'={scaling!r} is not supported (expected None or "
+            "{'rope_type': 'default'}: plain RoPE)"
+        )
+
+
+def _check_model_class(config: Mapping[str, Any], model_type: str, where: str) -> None:
+    """``architectures`` names the class transformers' AutoModelForCausalLM builds: another model's class
+    under a Qwen3 ``model_type`` is a file that says two things."""
+    expected = "Qwen3MoeForCausalLM" if model_type == MOE_MODEL_TYPE else "Qwen3ForCausalLM"
+    classes = config.get("architectures")
+    if classes is None:
+        return
+    if not isinstance(classes, list) or classes != [expected]:
+        raise ArchitectureError(
+            f"{where}: field 'architectures'={classes!r} does not match model_type {model_type!r} "
+            f"(expected [{expected!r}]: this model is trained and exported as a {expected})"
         )
 
 
@@ -267,6 +292,7 @@ def _moe(hf: PreTrainedConfig) -> MoEArchitecture:
 def architecture_from_config(config: Mapping[str, Any], where: str = "config.json") -> Qwen3Architecture:
     model_type = _check_model_type(config, where)
     _check_required(config, model_type, where)
+    _check_model_class(config, model_type, where)
     _check_rope_scaling(config, where)
     _check_moe_head_dim(config, model_type, where)
     hf = _transformers_config(config, model_type, where)

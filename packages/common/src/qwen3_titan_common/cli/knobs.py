@@ -3,54 +3,16 @@
 ``train --lr 1e-4 --steps 200`` is ``train --optimizer.param_groups.0.optimizer_kwargs.lr 1e-4
 --training.steps 200``: the launcher rewrites the short form into the torchtitan flag before anything runs,
 so the ranks, ``--print-cmd`` and the upstream ``torchrun ... -m torchtitan.train`` form see only torchtitan's
-own flags. One table, :data:`KNOBS`; ``--print-cmd`` prints the rewriting it did.
+own flags. One table, ``train.short_flags.KNOBS``; ``--print-cmd`` prints the rewriting it did.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from qwen3_titan_common.errors import UserInputError
-
-
-@dataclass(frozen=True)
-class Knob:
-    flag: str
-    field: str  # the torchtitan flag it stands for
-    type: Callable[[str], object]
-    metavar: str
-    help: str
-
-    @property
-    def dest(self) -> str:
-        return "knob_" + self.flag.removeprefix("--").replace("-", "_")
-
-
-KNOBS: tuple[Knob, ...] = (
-    Knob(
-        "--lr",
-        # Every config function builds one catch-all AdamW group (torchtitan's default_adamw).
-        "--optimizer.param_groups.0.optimizer_kwargs.lr",
-        float,
-        "LR",
-        "peak learning rate, reached after the warmup",
-    ),
-    Knob("--warmup", "--lr_scheduler.warmup_steps", int, "STEPS", "steps of linear warmup from 0 to --lr"),
-    Knob(
-        "--decay",
-        "--lr_scheduler.decay_ratio",
-        float,
-        "FRACTION",
-        "fraction of the steps at the end spent decaying the learning rate (the rest after warmup holds it)",
-    ),
-    Knob("--steps", "--training.steps", int, "N", "training steps"),
-    Knob("--batch-size", "--training.local_batch_size", int, "N", "sequences per rank and step"),
-    Knob("--seq-len", "--training.seq_len", int, "TOKENS", "tokens per sequence"),
-    Knob("--checkpoint-every", "--checkpoint.interval", int, "STEPS", "steps between step checkpoints"),
-    Knob("--out", "--dump_folder", str, "DIR", "the run's folder: checkpoints, exports, TensorBoard"),
-)
+from qwen3_titan_common.train.short_flags import KNOBS, Knob
 
 
 def _as_typed(kind: Callable[[str], object]) -> Callable[[str], str]:

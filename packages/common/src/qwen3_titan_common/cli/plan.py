@@ -53,6 +53,8 @@ class LaunchPlan:
     rdzv_id: str | None = None
     # The launcher's short flags and the torchtitan flags they became (cli.knobs), for --print-cmd.
     knob_mapping: list[str] = field(default_factory=list)
+    # The device kind found on this machine when the job runs here (no --nproc), else None.
+    device_kind: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -266,6 +268,7 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
             "or MASTER_ADDR/MASTER_PORT in the environment"
         )
     max_restarts = _count(opts.max_restarts, "--max-restarts")
+    device_kind = None
     if opts.nproc is not None:
         nproc = _positive_int(str(opts.nproc), "--nproc")
         env_updates = {}
@@ -276,7 +279,7 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
 
         device = detect_device()
         print(f"[train] {device.describe()}", file=sys.stderr)
-        nproc = device.count
+        nproc, device_kind = device.count, device.kind
         env_updates = neuron_env_updates() if device.kind == "neuron" else {}
     plan = LaunchPlan(
         module=opts.module,
@@ -290,5 +293,6 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
         max_restarts=max_restarts,
         rdzv_id=_cluster_default(opts.rdzv_id, "SLURM_JOB_ID"),
         knob_mapping=mapping_lines(knobs),
+        device_kind=device_kind if nnodes == 1 else None,
     )
     return opts, plan

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qwen3_titan_common.cli.plan import Backend, LaunchPlan
+from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.neuron_env import NEURON_ENV_DEFAULTS
 
 RDZV_PORT = 29400  # torchrun's own default c10d port
@@ -128,7 +129,21 @@ def _train_executable() -> str:
     return str(beside_python) if beside_python.exists() else (shutil.which("train") or "train")
 
 
+_OTHER_MODES = {"dry_run": "--dry-run", "check_layout": "--check-layout", "print_cmd": "--print-cmd"}
+
+
 def print_sbatch(backend: Backend, opts: argparse.Namespace, plan: LaunchPlan, argv: list[str]) -> int:
+    """The script, once the job passed the checks its ranks would run (``train.dry_run.check_planned_job``):
+    a mistyped flag does not wait in a cluster's queue to fail."""
+    from qwen3_titan_common.train.dry_run import check_planned_job
+
+    for name, flag in _OTHER_MODES.items():
+        if getattr(opts, name, False):
+            raise UserInputError(
+                f"--print-sbatch and {flag} both given: the script runs the job itself; run {flag} "
+                "without --print-sbatch (or put it in the script by hand)"
+            )
+    check_planned_job(plan, ranks_per_node_known=opts.nproc is not None)
     job = SbatchJob(
         backend=backend.distribution,
         device=opts.print_sbatch,

@@ -348,7 +348,12 @@ def _failure_line(
     rank = f"rank {summary.cause_rank}" if summary.cause_rank is not None else "a rank"
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.valid_signals() else str(-code)
-        oom = " (out of memory?)" if -code == signal.SIGKILL else ""
+        oom = (
+            " (out of memory? the system kills what exhausts host memory: lower --training.local_batch_size "
+            "(--batch-size) or --training.seq_len (--seq-len); `train --dry-run` estimates the memory per rank)"
+            if -code == signal.SIGKILL
+            else ""
+        )
         return f"{rank} was killed by {name}{oom}{where}{show}"
     exception = recorded or summary.last_exception
     if exception is not None:

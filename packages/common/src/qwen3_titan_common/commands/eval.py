@@ -22,6 +22,7 @@ import argparse
 import importlib
 import json
 import math
+import re
 import sys
 import time
 import warnings
@@ -110,6 +111,14 @@ def _parser() -> argparse.ArgumentParser:
         "(auto: held_out for the embedded corpus, all otherwise)",
     )
     p.add_argument("--held-out", type=float, default=None, help="the held-out share (default 0.05)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="tokenizer directory, for a model directory without tokenizer files ('default': the embedded one)",
+    )
+    p.add_argument("--on-bad-record", choices=("stop", "skip"), default="stop")
+    p.add_argument("--allow-network", action="store_true", help="let a Hub dataset id be downloaded")
     p.add_argument("--format", choices=("auto", "text", "chat"), default="auto")
     p.add_argument("--text-field", default="text")
     p.add_argument("--messages-field", default="messages")
@@ -169,12 +178,25 @@ def _open(path: str, base: str | None = None):
     return model_dir
 
 
-def _tokenizer(model_dir):
+def _tokenizer(model_dir, asked: str | None):
+    from pathlib import Path
+
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     from qwen3_titan_common.assets import default_tokenizer_dir
 
-    source = model_dir.path if model_dir.has_tokenizer else default_tokenizer_dir()
+    if asked is not None:
+        source = default_tokenizer_dir() if asked == "default" else Path(asked).expanduser()
+        if not (source / "tokenizer.json").is_file():
+            raise EvalError(f"--tokenizer {asked}: no tokenizer.json there (expected a tokenizer directory)")
+    elif model_dir.has_tokenizer:
+        source = model_dir.path
+    else:
+        # Another tokenizer's ids score another text: the loss would mean nothing, and say nothing of it.
+        raise EvalError(
+            f"{model_dir.path}: no tokenizer files (tokenizer.json) beside the model; pass --tokenizer DIR "
+            "(the tokenizer the model was trained with; 'default' for the embedded one)"
+        )
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(source))
     vocab = model_dir.architecture.vocab_size
     if tokenizer.get_vocab_size() > vocab:
@@ -204,7 +226,34 @@ def _data_config(args):
         format=args.format,
         text_field=args.text_field,
         messages_field=args.messages_field,
+        on_bad_record=args.on_bad_record,
+        allow_network=args.allow_network,
     )
+
+
+# The data loader's errors name training's flags; eval's own are these.
+_EVAL_FLAGS = {
+    "dataset": "--dataset",
+    "split": "--split",
+    "format": "--format",
+    "text_field": "--text-field",
+    "messages_field": "--messages-field",
+    "held_out": "--held-out",
+    "on_bad_record": "--on-bad-record",
+    "allow_network": "--allow-network",
+}
+_TRAIN_FLAG = re.compile(r"--(?:validator\.)?dataloader\.(\w+)|--training\.seq_len")
+
+
+def in_eval_flags(message: str) -> str:
+    """``message`` with each training flag it names replaced by eval's flag for the same setting."""
+
+    def flag(match: re.Match) -> str:
+        if match.group(0) == "--training.seq_len":
+            return "--seq-len"
+        return _EVAL_FLAGS.get(match.group(1), match.group(0))
+
+    return _TRAIN_FLAG.sub(flag, message)
 
 
 def _describe(config) -> str:
@@ -220,11 +269,17 @@ def run(args: argparse.Namespace) -> dict:
     for value, flag in ((args.seq_len, "--seq-len"), (args.batch_size, "--batch-size"), (args.max_batches, "--max-batches")):  # fmt: skip
         _positive(value, flag)
     model_dir = _open(args.model_dir, args.base)
+    positions = model_dir.architecture.max_position_embeddings
+    if args.seq_len > positions:
+        raise EvalError(
+            f"--seq-len {args.seq_len}: longer than the model's max_position_embeddings {positions} "
+            f"({model_dir.path}/config.json)"
+        )
     shown = (
         str(model_dir.path) if model_dir.adapter is None else f"{model_dir.adapter.path} on {model_dir.path}"
     )
     build, model_name = eval_model_builder(args.backend)
-    tokenizer, tokenizer_source = _tokenizer(model_dir)
+    tokenizer, tokenizer_source = _tokenizer(model_dir, args.tokenizer)
     data = _data_config(args)
     device_info = detect_device()
     device = torch.device(device_info.kind)
@@ -289,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args)
     except UserInputError as err:
-        print(f"eval: {err}", file=sys.stderr)
+        print(f"eval: {in_eval_flags(str(err))}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0

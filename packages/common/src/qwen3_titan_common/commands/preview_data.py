@@ -67,14 +67,15 @@ def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
             raise InvalidRecord(record.error)
         if chat is None:
             text = text_of(record.value, args.text_field)
+            tokens.check_plain(text, f"field '{args.text_field}'")
             ids, offsets = tokens.with_offsets(text)
             # Text: every token but the first is a label (the first starts the document: no token before it).
             mask = [0] + [1] * (len(ids) - 1)
             return PreviewRecord(record.location, "text", [_row(ids, mask, text, offsets, args)])
         rows = []
-        for chat_tokens in chat.tokenize(
-            conversation_of(record.value, args.messages_field, args.tools_field)
-        ):
+        conversation = conversation_of(record.value, args.messages_field, args.tools_field)
+        chat.check(conversation, args.messages_field)
+        for chat_tokens in chat.tokenize(conversation):
             if args.seq_len:
                 # The checks training makes, with the same error.
                 chat_document(chat_tokens, args.seq_len, tokens.eos_id)

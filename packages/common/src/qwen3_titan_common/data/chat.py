@@ -18,6 +18,7 @@ whose reasoning the full rendering leaves out:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +33,21 @@ from qwen3_titan_common.data.turns import TurnMarkers
 
 EarlierReasoning = Literal["template", "context", "split"]
 _PROBE = Conversation([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}])
+# A tool call and a tool definition with names no template writes by itself: whether a rendering holds
+# them says whether the template writes tool calls and tool definitions at all.
+_PROBE_CALL = "qwen3_titan_probe_call"
+_PROBE_TOOL = "qwen3_titan_probe_tool"
+_TOOL_PROBE = Conversation(
+    [
+        {"role": "user", "content": "2+2?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": _PROBE_CALL, "arguments": {}}}],
+        },
+    ],
+    tools=[{"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {"type": "object"}}}],
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,12 @@ class ChatTokenizer:
             raise DatasetError(
                 "the tokenizer's chat template writes no assistant text; nothing would be trained"
             )
+        try:
+            written = self.renderer.render(_TOOL_PROBE.messages, tools=_TOOL_PROBE.tools).text
+        except jinja2.TemplateError:
+            written = ""
+        self.writes_tool_calls = _PROBE_CALL in written
+        self.writes_tools = _PROBE_TOOL in written
 
     @property
     def method(self) -> str:
@@ -93,6 +115,35 @@ class ChatTokenizer:
         if self.markers is None:
             return rendering.text, rendering.generation_spans
         return rendering.text, self.markers.locate(rendering.text, conversation)
+
+    def check(self, conversation: Conversation, messages_field: str = "messages") -> None:
+        """What the template would silently drop or the tokenizer misread, refused: tool calls or tool
+        definitions a template without tool support leaves out, and special-token text in any field."""
+        calls = [i for i, m in enumerate(conversation.messages) if m.get("tool_calls")]
+        if calls and not self.writes_tool_calls:
+            raise InvalidRecord(
+                f"{messages_field}[{calls[0]}] has tool_calls, and the tokenizer's chat template does not write "
+                "tool calls (they would be dropped from the text trained); use a template with tool support, "
+                "or leave them out of the data"
+            )
+        if conversation.tools and not self.writes_tools:
+            raise InvalidRecord(
+                "the record has tool definitions, and the tokenizer's chat template does not write them (they "
+                "would be dropped from the text trained); use a template with tool support, or leave them out"
+            )
+        if conversation.tools:
+            # Written into the system turn as JSON.
+            self.tokens.check_plain(json.dumps(conversation.tools, ensure_ascii=False), "field 'tools'")
+        for i, message in enumerate(conversation.messages):
+            for key, value in message.items():
+                if isinstance(value, str):
+                    self.tokens.check_plain(value, f"{messages_field}[{i}]: field '{key}'")
+            for j, call in enumerate(message.get("tool_calls") or ()):
+                function = call.get("function", call)
+                arguments = function.get("arguments")
+                for name, text in (("name", function.get("name")), ("arguments", arguments)):
+                    if isinstance(text, str):
+                        self.tokens.check_plain(text, f"{messages_field}[{i}].tool_calls[{j}]: '{name}'")
 
     def tokenize(self, conversation: Conversation) -> list[ChatTokens]:
         """The rows one conversation trains: one, or with ``split`` one more per turn cut out."""

@@ -12,10 +12,11 @@ Parquet or Arrow file gives every message every key of its column (``tool_calls:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_titan_common.data.records import InvalidRecord, field_of, kind_of
+from qwen3_titan_common.data.records import InvalidRecord, check_unicode, field_of, kind_of
 
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
@@ -86,6 +87,9 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     for key in REASONING_KEYS:
         if key in message and not isinstance(message[key], str):
             raise InvalidRecord(f"{where}: field '{key}' is {kind_of(message[key])} (expected a string)")
+    for key, value in message.items():
+        if isinstance(value, str):
+            check_unicode(value, f"{where}: field '{key}'")
     return message
 
 
@@ -107,3 +111,16 @@ def _check_tool_calls(calls: Any, where: str) -> None:
             raise InvalidRecord(
                 f"{at}: 'arguments' is {kind_of(arguments)} (expected an object or a JSON string)"
             )
+        if isinstance(arguments, str):
+            # The template writes a string verbatim: the model would learn to call tools with it as written.
+            try:
+                parsed = json.loads(arguments)
+            except ValueError as err:
+                raise InvalidRecord(
+                    f"{at}: 'arguments' is a string that is not JSON ({err}; expected a JSON object, "
+                    "as a model's tool call writes it)"
+                ) from None
+            if not isinstance(parsed, dict):
+                raise InvalidRecord(
+                    f"{at}: 'arguments' is a JSON string holding {kind_of(parsed)} (expected a JSON object)"
+                )

@@ -214,6 +214,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
                         f"field '{self.settings.text_field}' holds {len(text):,} characters, over the {limit:,} limit "
                         "for one record (--dataloader.max_record_bytes); split it, or raise the limit"
                     )
+                self.tokens.check_plain(text, f"field '{self.settings.text_field}'")
                 texts.append(text)
             except InvalidRecord as e:
                 texts.append(e)
@@ -231,6 +232,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
             conversation = conversation_of(
                 self._readable(record), self.settings.messages_field, self.settings.tools_field
             )
+            self.chat.check(conversation, self.settings.messages_field)
             return [
                 chat_document(tokens, self.settings.seq_len, self.tokens.eos_id)
                 for tokens in self.chat.tokenize(conversation)
@@ -249,7 +251,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
         line = f"{record.location}: {reason}"
         if self.settings.on_bad_record == "stop":
             raise BadRecordError(
-                f"{line} (fix it, or pass --dataloader.on_bad_record skip to train without it)"
+                f"{line} (fix it, or pass --dataloader.on_bad_record skip to go on without it)"
             )
         self.skipped.add(line)
 

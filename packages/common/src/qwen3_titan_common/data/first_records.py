@@ -39,7 +39,7 @@ def check_first_records(config: TextChatDataLoader.Config) -> None:
         return
     if config.on_bad_record == "stop":
         raise BadRecordError(
-            f"{problems[0]} (fix it, or pass --dataloader.on_bad_record skip to train without it)"
+            f"{problems[0]} (fix it, or pass --dataloader.on_bad_record skip to go on without it)"
         )
     if len(problems) == len(first) == len(source):
         raise DatasetError(

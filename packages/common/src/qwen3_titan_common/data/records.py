@@ -55,10 +55,23 @@ def field_of(record: Any, name: str, expected: str, owner: str | None = None) ->
     return record[name]
 
 
+def check_unicode(text: str, where: str) -> None:
+    """Raises InvalidRecord when ``text`` (a record's field, named by ``where``) holds a lone surrogate,
+    which JSON's ``\\ud800`` escape can write and no tokenizer reads."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise InvalidRecord(
+            f"{where} holds a lone surrogate ({text[err.start]!r} at character {err.start}), which is not "
+            "text: a JSON \\ud800-\\udfff escape must come in a high-low pair"
+        ) from None
+
+
 def text_of(record: Any, text_field: str) -> str:
     text = field_of(record, text_field, "a string")
     if not isinstance(text, str):
         raise InvalidRecord(f"field '{text_field}' is {kind_of(text)} (expected a string)")
+    check_unicode(text, f"field '{text_field}'")
     if not text.strip():
         raise InvalidRecord(f"field '{text_field}' is empty (expected some text)")
     return text

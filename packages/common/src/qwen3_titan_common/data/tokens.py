@@ -8,11 +8,39 @@ still train plain text through ``encode``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from torchtitan.components.tokenizer import BaseTokenizer
 
+from qwen3_titan_common.data.records import InvalidRecord, check_unicode
 from qwen3_titan_common.data.sources import DatasetError
+
+
+def special_token_texts(tokenizer_dir: str | None) -> tuple[str, ...]:
+    """The special tokens' texts as the tokenizer's files declare them: ``tokenizer_config.json``'s
+    ``added_tokens_decoder`` (which wins), then ``tokenizer.json``'s ``added_tokens``.
+
+    Read from the files because the loaded tokenizer cannot say: torchtitan re-adds every configured token
+    with ``add_special_tokens``, which marks Qwen3's ``<think>`` and ``<tool_call>`` special although the
+    files mark them as text a model writes (and a chat record may hold).
+    """
+    if not tokenizer_dir:
+        return ()
+    special: dict[str, bool] = {}
+    for name, entries in (
+        ("tokenizer.json", lambda data: data.get("added_tokens") or []),
+        ("tokenizer_config.json", lambda data: list((data.get("added_tokens_decoder") or {}).values())),
+    ):
+        try:
+            data = json.loads((Path(tokenizer_dir) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        for entry in entries(data) if isinstance(data, dict) else ():
+            if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+                special[entry["content"]] = bool(entry.get("special", False))
+    return tuple(sorted(text for text, flag in special.items() if flag))
 
 
 class DocumentTokenizer:
@@ -28,6 +56,22 @@ class DocumentTokenizer:
 
         inner = getattr(tokenizer, "tokenizer", None)
         self.fast: Tokenizer | None = inner if isinstance(inner, Tokenizer) else None
+        # The text of each special token (<|endoftext|>, <|im_start|>, ...): tokenizers encodes such text
+        # as the token itself wherever it appears, so a record holding it would end a document, or open a
+        # chat turn, that the data never meant.
+        self.special_texts: tuple[str, ...] = special_token_texts(getattr(tokenizer, "tokenizer_path", None))
+
+    def check_plain(self, text: str, where: str) -> None:
+        """Raises InvalidRecord when ``text`` (a record's field, named by ``where``) is not text a tokenizer
+        reads or holds a special token's text."""
+        check_unicode(text, where)
+        found = [special for special in self.special_texts if special in text]
+        if found:
+            raise InvalidRecord(
+                f"{where} holds the special token text {', '.join(found)}, which would be encoded as the token "
+                "itself (ending the document or opening a chat turn there); remove it from the data (the loader "
+                "writes the tokens that separate documents and turns)"
+            )
 
     def documents(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text as ``[bos?] tokens [eos]``; bos only where the tokenizer defines one (Qwen3 does not)."""

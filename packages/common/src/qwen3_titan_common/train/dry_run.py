@@ -52,7 +52,7 @@ class MemoryEstimate:
     param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
-    activation_bytes: int
+    activation_bytes: int  # the decoder layers' and the output's (logits, their fp32 copy and gradient)
 
     @property
     def total_bytes(self) -> int:
@@ -83,7 +83,13 @@ def _activation_bytes(config, layout, model_config) -> int:
         per_layer *= 2
     if config.activation_checkpoint is not None:
         per_layer //= 4
-    return per_layer * layers
+    # The output at the model's vocabulary, which no recomputation shrinks: the logits in the compute
+    # precision, the loss's fp32 copy of them and their fp32 gradient (a 151,936-token vocabulary makes this
+    # the largest term at short sequences).
+    vocab = arch.vocab_size if arch is not None else model_config.vocab_size
+    compute_bytes = 4 if config.training.mixed_precision_param == "float32" else 2
+    output = tokens * vocab * (compute_bytes + 4 + 4) // layout.tp
+    return per_layer * layers + output
 
 
 def _estimate(model, config, layout, model_config) -> MemoryEstimate:
@@ -99,6 +105,36 @@ def _estimate(model, config, layout, model_config) -> MemoryEstimate:
         optimizer_bytes=2 * trainable * fp32,  # AdamW: two fp32 moments
         activation_bytes=_activation_bytes(config, layout, model_config),
     )
+
+
+def _fits_here(plan: PlannedJob, config, estimate: MemoryEstimate) -> bool:
+    """For a job on this machine (no --nproc): the estimate against a rank's memory here, in one line;
+    False, with the largest batch that would fit, when it does not fit."""
+    from qwen3_titan_common.perf.fit import largest_batch, rank_memory, verdict
+
+    kind = getattr(plan, "device_kind", None)
+    memory = rank_memory(kind, plan.nproc_per_node) if kind else None
+    if memory is None:
+        return True
+    needed = estimate.total_bytes
+    said = verdict(needed, memory)
+    line = f"~{needed / GIB:.2f} GiB per rank estimated, {memory.bytes_per_rank / GIB:.1f} GiB per rank here ({memory.described})"
+    if said != "does not fit":
+        print(f"[dry-run] memory {said}: {line}")
+        return True
+    batch = config.training.local_batch_size
+    fits = largest_batch(needed - estimate.activation_bytes, estimate.activation_bytes, batch, memory)
+    hint = (
+        f"--training.local_batch_size (--batch-size) {fits} fits by the same estimate"
+        if fits >= 1
+        else "no batch fits by the same estimate: shard over more ranks (--nproc, --nnodes) or train LoRA adapters"
+    )
+    print(
+        f"train: --training.local_batch_size {batch} (--batch-size) x --training.seq_len "
+        f"{config.training.seq_len}: does not fit, {line}; {hint}",
+        file=sys.stderr,
+    )
+    return False
 
 
 def fake_rank_env(plan: PlannedJob) -> None:
@@ -142,6 +178,32 @@ def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any
         ) from None
     except Exception as err:  # a config function or torchtitan's validation rejected a value
         raise UserInputError(f"--config {plan.config} with these flags: {first_line(err)}") from None
+
+
+# Ranks per node tried for a job whose nodes count their own devices: the checks lay it out at the smallest
+# count its parallel degrees allow; a count the cluster's nodes cannot give fails there.
+_NODE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def check_planned_job(plan: PlannedJob, *, ranks_per_node_known: bool) -> None:
+    """Refuses, in one line, what the job's ranks would refuse: its flags parsed and checked on this machine
+    as a dry run checks them. What this machine cannot confirm (weights or data only on the cluster, its
+    folders and free disk) is left to the job."""
+    planned = plan
+    if not ranks_per_node_known:
+        parallelism = parse_run_config(plan).parallelism
+        sizes = [n for n in _NODE_SIZES if _lays_out(parallelism, n * plan.nnodes)] or [_NODE_SIZES[-1]]
+        planned = dataclasses.replace(plan, nproc_per_node=sizes[0])
+    fake_rank_env(planned)
+    checked_config(planned)
+
+
+def _lays_out(parallelism, world_size: int) -> bool:
+    try:
+        resolve_layout(parallelism, world_size)
+    except LayoutError:
+        return False
+    return True
 
 
 def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
@@ -233,16 +295,18 @@ def dry_run(plan: PlannedJob) -> int:
         f" (batch {config.training.local_batch_size} x seq {config.training.seq_len}); "
         f"total ~{estimate.total_bytes / GIB:.2f} GiB"
     )
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
     ranks = f"{plan.world_size} ranks ({plan.nnodes} node(s) x {plan.nproc_per_node})"
+    if not _fits_here(plan, config, estimate):
+        return 2
     if pending:
         for note in pending:
             print(f"[dry-run] not on this machine: {note}")
         print(f"[dry-run] layout ok: {ranks}; the run needs what is listed above first")
     else:
         print(f"[dry-run] ok: {ranks}")
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
     sys.stdout.flush()
     return 0

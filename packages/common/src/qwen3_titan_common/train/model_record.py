@@ -41,14 +41,27 @@ def model_record(
     return json.loads(json.dumps(record))
 
 
-def schedule_of(config) -> dict[str, Any]:
+def schedule_of(config, world_size: int = 1) -> dict[str, Any]:
     """What of a run's config shapes how its steps update the weights, beyond the model: the config
-    function, the learning-rate schedule and each parameter group's optimizer settings."""
+    function, the rows of a step (sequence length, global batch: the same on any number of ranks), the
+    learning-rate schedule and each parameter group's optimizer settings."""
+    from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+
     scheduler = config.lr_scheduler
     fields = ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")
     groups = getattr(config.optimizer, "param_groups", None) or ()
+    training = config.training
+    global_batch = getattr(training, "global_batch_size", -1)
+    if not global_batch or global_batch < 1:
+        try:
+            layout = resolve_layout(config.parallelism, world_size)
+            global_batch = training.local_batch_size * layout.dp_replicate * layout.dp_shard
+        except LayoutError:
+            global_batch = None  # preflight names the layout's fault
     return {
         "config": config.model_spec.flavor,
+        "training.seq_len": training.seq_len,
+        "training.global_batch_size": global_batch,
         **{f"lr_scheduler.{name}": getattr(scheduler, name, None) for name in fields},
         **{
             f"param_groups.{i}.{key}": value
@@ -69,10 +82,11 @@ def schedule_changes(folder: Path, record: dict[str, Any]) -> list[str]:
     ours = record.get("schedule")
     if not isinstance(saved, dict) or not isinstance(ours, dict):
         return []
+    # A key only one side records (a record written before it was recorded) is not a change.
     return [
-        f"{key} {saved.get(key)} there, {ours.get(key)} here"
-        for key in sorted(set(saved) | set(ours), key=lambda k: (k != "config", k))
-        if saved.get(key) != ours.get(key)
+        f"{key} {saved[key]} there, {ours[key]} here"
+        for key in sorted(set(saved) & set(ours), key=lambda k: (k != "config", k))
+        if saved[key] != ours[key]
     ]
 
 

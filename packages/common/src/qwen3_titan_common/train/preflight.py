@@ -21,11 +21,13 @@ from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
 from qwen3_titan_common.runtime.disk import (
     DiskSpaceError,
+    NotWritableError,
     check_free_space,
     check_writable_dir,
     nearest_existing,
 )
 from qwen3_titan_common.train.layout import Layout, resolve_layout
+from qwen3_titan_common.train.short_flags import short_flag_of
 
 
 def _positive(flag: str, value: int) -> None:
@@ -146,8 +148,7 @@ def _check_optimizer(optimizer) -> None:
             if value is None:
                 continue
             shown = f"{flag}.{name} {value}" + (" (--lr)" if name == "lr" and index == 0 else "")
-            number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-            if not (number and fine(value)):
+            if not (_number(value) and fine(value)):
                 raise UserInputError(f"{shown}: expected {expected}")
         betas = kwargs.get("betas")
         if betas is not None and not all(
@@ -156,8 +157,64 @@ def _check_optimizer(optimizer) -> None:
             raise UserInputError(f"{flag}.betas {tuple(betas)}: expected two numbers in [0, 1)")
 
 
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _short_form(flag: str) -> str:
+    short = short_flag_of(flag)
+    return f" ({short})" if short else ""
+
+
+def _check_schedule(config) -> None:
+    """The rate's schedule and the gradient clip: a negative clip scales gradients by a negative number
+    (gradient ascent), a negative warmup or a decay beyond the run bends the schedule into what no one meant."""
+    max_norm = config.training.max_norm
+    if not (_number(max_norm) and max_norm > 0 or max_norm == math.inf):
+        raise UserInputError(
+            f"--training.max_norm {max_norm}: expected a positive number, or inf for no clipping (gradients "
+            "are scaled down to this norm; 0 would zero them and a negative number reverse them)"
+        )
+    scheduler = config.lr_scheduler
+    checks = (
+        ("warmup_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (steps of linear warmup)"),
+        (
+            "decay_ratio",
+            lambda v: v is None or (_number(v) and 0 <= v <= 1),
+            "a fraction in [0, 1] of the steps",
+        ),
+        ("min_lr_factor", lambda v: _number(v) and 0 <= v <= 1, "a fraction in [0, 1] of the peak rate"),
+    )
+    for name, fine, expected in checks:
+        value = getattr(scheduler, name, None)
+        flag = f"--lr_scheduler.{name}"
+        if not fine(value):
+            raise UserInputError(f"{flag} {value}{_short_form(flag)}: expected {expected}")
+
+
+def _check_loader_workers(loader) -> None:
+    workers = getattr(loader, "num_workers", 0)
+    if not isinstance(workers, int) or workers < 0:
+        raise UserInputError(f"--dataloader.num_workers {workers}: expected an integer >= 0")
+    if workers:
+        prefetch = getattr(loader, "prefetch_factor", None)
+        if prefetch is not None and prefetch < 1:
+            raise UserInputError(f"--dataloader.prefetch_factor {prefetch}: expected a positive integer")
+        return
+    for name in ("prefetch_factor", "persistent_workers"):
+        value = getattr(loader, name, None)
+        if value not in (None, False):
+            raise UserInputError(
+                f"--dataloader.{name} {value}: applies only to loader worker processes, and "
+                "--dataloader.num_workers is 0 (batches are read in the rank itself); set "
+                "--dataloader.num_workers too, or drop it"
+            )
+
+
 def _check_flags(config) -> None:
     _check_optimizer(config.optimizer)
+    _check_schedule(config)
+    _check_loader_workers(config.dataloader)
     training = config.training
     _positive("--training.steps", training.steps)
     _positive("--training.local_batch_size", training.local_batch_size)
@@ -186,12 +243,56 @@ def _export_root(config) -> tuple[Path, str]:
     return Path(config.dump_folder) / "hf", "the export directory (--dump_folder's hf/)"
 
 
-def _check_where_it_writes(config) -> None:
-    check_writable_dir(config.dump_folder, "--dump_folder")
+def _data_folders(config) -> list[tuple[str, Path]]:
+    """The local folders the run reads data from, with the flag naming each."""
+    folders = []
+    for flag, section in (
+        ("--dataloader.dataset", config.dataloader),
+        ("--validator.dataloader.dataset", None),
+    ):
+        if section is None:
+            section = getattr(getattr(config, "validator", None), "dataloader", None)
+        spec = getattr(section, "dataset", None)
+        if isinstance(spec, str) and spec and spec != "default":
+            path = Path(spec).expanduser()
+            if path.is_dir():
+                folders.append((f"{flag} {spec}", path.resolve()))
+    return folders
+
+
+def _check_dump_folder(config) -> None:
+    dump = str(config.dump_folder)
+    if not dump.strip():
+        raise UserInputError(
+            "--dump_folder (--out) is empty: expected a folder for the run's checkpoints, exports and logs"
+        )
+    where = Path(dump).expanduser().resolve()
+    for shown, folder in _data_folders(config):
+        if where == folder or folder in where.parents:
+            raise UserInputError(
+                f"--dump_folder (--out) {dump}: inside the data folder ({shown}); the run's files would "
+                "sit among the data it reads; pass a folder outside it"
+            )
+
+
+def _check_writable(path, flag: str, deferred: list[str] | None) -> None:
+    """``check_writable_dir``; for a job planned for other machines (``deferred``), a folder that does not
+    exist here and cannot be made here (a cluster's /fsx seen from a laptop) is listed, not refused."""
+    try:
+        check_writable_dir(path, flag)
+    except NotWritableError as err:
+        if deferred is None or Path(path).expanduser().exists():
+            raise
+        deferred.append(str(err))
+
+
+def _check_where_it_writes(config, deferred: list[str] | None = None) -> None:
+    _check_dump_folder(config)
+    _check_writable(config.dump_folder, "--dump_folder", deferred)
     if not config.hf.export:
         return
     root, shown = _export_root(config)
-    check_writable_dir(root, shown.split(" ")[0] if config.hf.export_dir else "--dump_folder")
+    _check_writable(root, shown.split(" ")[0] if config.hf.export_dir else "--dump_folder", deferred)
     model_dir = Path(config.hf.model_dir) if config.hf.model_dir else None
     check_export_root(
         root,
@@ -257,7 +358,7 @@ def check_run(config, world_size: int | None = None, *, deferred: list[str] | No
     if config.architecture is not None:
         _check_tokenizer(config.hf_assets_path, config.architecture.vocab_size)
     _check_override_imports(config.override.imports)
-    _check_where_it_writes(config)
+    _check_where_it_writes(config, deferred)
     _check_disk(config, deferred)
     _check_data(config, layout)
     return layout

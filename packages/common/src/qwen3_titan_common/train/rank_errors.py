@@ -84,6 +84,14 @@ def translate(error: BaseException, where: str, model_dir: str | None = None) ->
             return RunStoppedError(
                 f"{link.filename}: cannot be written ({_NOT_WRITABLE[link.errno]}); pass a --dump_folder you can write to"
             )
+        if _out_of_memory(link):
+            reason = (str(link).strip().splitlines() or ["out of memory"])[-1].strip()
+            return RunStoppedError(
+                f"out of memory in rank {os.environ.get('RANK', '0')} ({reason[:160]}); lower "
+                "--training.local_batch_size (--batch-size) or --training.seq_len (--seq-len), recompute "
+                "activations (--activation_checkpoint.mode full), or shard over more ranks; `train --dry-run` "
+                "with the same flags estimates the memory per rank"
+            )
         if type(link).__name__ == "SafetensorError":
             reason = (str(link).strip().splitlines() or ["unreadable"])[0]
             return RunStoppedError(
@@ -91,6 +99,19 @@ def translate(error: BaseException, where: str, model_dir: str | None = None) ->
                 "the checkpoint again, and check it with `verify-checkpoint DIR`"
             )
     return None
+
+
+# How each device's allocator says it is out of memory: CUDA raises torch.OutOfMemoryError; the CPU
+# allocator a RuntimeError from c10's alloc_cpu; the Neuron runtime reports NRT's allocation failure.
+_OUT_OF_MEMORY = re.compile(
+    r"DefaultCPUAllocator: can't allocate memory|CUDA out of memory|Failed to allocate .* (?:HBM|device memory)"
+)
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError) or bool(_OUT_OF_MEMORY.search(str(error)))
 
 
 _RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+")
@@ -112,7 +133,9 @@ def parser_message(text: str, argv: list[str] | None = None) -> str | None:
     if message.startswith("Unrecognized options:"):
         unknown = [u.strip() for u in message.split(":", 1)[1].split(",")]
         typed = [a for a in argv or [] if any(u and (a == u or a.endswith("=" + u)) for u in unknown)]
-        message = f"{', '.join(typed or unknown)}: not a flag of this config"
+        # A flag's stray value is reported beside it; the flag is what the user mistyped.
+        flags = [a for a in typed or unknown if a.startswith("-")] or typed or unknown
+        message = f"{', '.join(flags)}: not a flag of this config"
         if any("=" in a and a.split("=", 1)[1] in ("True", "False", "true", "false") for a in typed):
             message += " (booleans are written --section.name or --section.no-name, without =)"
         after = lines[rules[1] :]
@@ -121,7 +144,26 @@ def parser_message(text: str, argv: list[str] | None = None) -> str | None:
             hint = next((line.split()[0] for line in after[at + 1 :] if line.strip().startswith("--")), None)
             if hint:
                 message += f"; perhaps you meant {hint}"
+        if "perhaps" not in message:
+            hint = _close_short_flag(flags)
+            if hint:
+                message += f"; perhaps you meant {hint}"
     return message
+
+
+def _close_short_flag(flags: list[str]) -> str | None:
+    """The launcher's short flag (``--steps``) closest to a misspelled one (``--stpes``); tyro's own
+    suggestions know only the long torchtitan names."""
+    import difflib
+
+    from qwen3_titan_common.train.short_flags import KNOBS
+
+    names = {knob.flag: f"{knob.flag} (= {knob.field})" for knob in KNOBS}
+    for flag in flags:
+        close = difflib.get_close_matches(flag.split("=", 1)[0], list(names), n=1, cutoff=0.75)
+        if close:
+            return names[close[0]]
+    return None
 
 
 def _unboxed(lines: list[str]) -> list[str]:
@@ -185,6 +227,29 @@ def _stop(error: BaseException, user_error: bool) -> None:
     if user_error and not os.environ.get(SHOW_TRACEBACK_ENV):
         _quiet.add(id(error))
         sys.excepthook = _excepthook
+    if user_error:
+        _no_restart()
+
+
+def _no_restart() -> None:
+    """Ask torchrun's agent (this rank's parent) to stop rather than restart the ranks.
+
+    A user error (a flag, a record, a checkpoint that does not match) recurs on every restart, and
+    torchrun's ``--max-restarts`` would replay it that many times before the run ends. The agent restarts
+    the ranks once it sees one exit, so the rank, whose error file is written already, stops the agent
+    first: SIGTERM is torchrun's own way to shut its workers down, and its other nodes then leave the
+    rendezvous too.
+    """
+    import signal
+
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) < 1:
+        return  # no restart would come
+    parent = os.getppid()
+    if parent > 1:
+        try:
+            os.kill(parent, signal.SIGTERM)
+        except OSError:
+            pass
 
 
 @contextmanager

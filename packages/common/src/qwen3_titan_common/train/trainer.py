@@ -371,16 +371,23 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
             # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
             changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
     position = POSITION_FORMAT if isinstance(config.dataloader, TextChatDataLoader.Config) else None
-    record = model_record(config.model_spec.name, architecture, schedule_of(config), position)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    record = model_record(config.model_spec.name, architecture, schedule_of(config, world_size), position)
     if start.kind == "resume":
         checkpoint_folder = Path(config.dump_folder) / config.checkpoint.folder
         check_model_record(checkpoint_folder, record, step=start.resume_step, dump_folder=config.dump_folder)
         check_data_position(checkpoint_folder, record, step=start.resume_step)
+        if config.training.steps < start.resume_step:
+            raise UserInputError(
+                f"--training.steps {config.training.steps} (--steps): the newest checkpoint in {checkpoint_folder} "
+                f"is at step {start.resume_step}, past the last step asked for; pass --steps above "
+                f"{start.resume_step} to train on, or a new --dump_folder to start over"
+            )
         changed = schedule_changes(checkpoint_folder, record)
         if changed:
             logger.info(
-                f"[start] resuming step {start.resume_step} with another schedule than it was trained with "
-                f"({'; '.join(changed)}): this run's applies from step {start.resume_step + 1}"
+                f"[start] resuming step {start.resume_step} with other settings than it was trained with "
+                f"({'; '.join(changed)}): this run's apply from step {start.resume_step + 1}"
             )
     plan = HFExportPlan(
         base_dir=Path(config.hf.export_dir or Path(config.dump_folder) / "hf"),
