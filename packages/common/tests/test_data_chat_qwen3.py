@@ -191,7 +191,9 @@ def test_instruct_2507_template_trains_exactly_the_assistant_turns(tmp_path, ins
 def test_generation_tags_give_transformers_assistant_tokens_mask(tmp_path, generation_dir, kind):
     hf = hf_tokenizer(generation_dir)
     record = chat(3, system=True, kind=kind)
-    record.pop("tools", None)  # this template writes tool calls, not tool definitions (refused: test_data_bad_records)
+    record.pop(
+        "tools", None
+    )  # this template writes tool calls, not tool definitions (refused: test_data_bad_records)
     reference = hf.apply_chat_template(
         record["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
     )
