@@ -89,9 +89,9 @@ def _first_batch_loss(export: Path, tmp_path: Path) -> float:
 @pytest.mark.slow
 def test_loss_continues_across_export_and_reload(tmp_path):
     """The recipe's check: a trained model, exported and reloaded, starts where it ended."""
-    first = _train("--training.steps", "40", "--dump_folder", str(tmp_path / "a"), *EXACT, cwd=tmp_path)
+    first = _train("--training.steps", "20", "--dump_folder", str(tmp_path / "a"), *EXACT, cwd=tmp_path)
     trained = parse_step_lines(first)
-    export = tmp_path / "a" / "hf" / "step-40"
+    export = tmp_path / "a" / "hf" / "step-20"
     random_start = trained[0].loss
     second = _train(
         "--hf-model", str(export), "--training.steps", "1", "--dump_folder", str(tmp_path / "b"), *EXACT,

@@ -51,17 +51,31 @@ def _run_until_step(dump: Path, cwd: Path, kill_after: int, extra: list[str]) ->
 LORA = ["--lora.rank", "8", "--lora.dropout", "0.1"]
 
 
+@pytest.fixture(scope="module")
+def reference_logs(tmp_path_factory):
+    """The uninterrupted run of each flag set, run once for every kill point of that set."""
+    logs: dict[tuple[str, ...], str] = {}
+
+    def log_of(extra: list[str]) -> str:
+        if tuple(extra) not in logs:
+            tmp = tmp_path_factory.mktemp("reference")
+            logs[tuple(extra)] = _run(tmp / "reference", tmp, extra)
+        return logs[tuple(extra)]
+
+    return log_of
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "kill_after"),
     [([], 12), (LORA, 8), (LORA, 12)],
     ids=["full-resumes-step-10", "lora-resumes-step-5", "lora-resumes-step-10"],
 )
-def test_sigkill_then_rerun_reproduces_every_step(tmp_path, extra, kill_after):
+def test_sigkill_then_rerun_reproduces_every_step(tmp_path, reference_logs, extra, kill_after):
     # A LoRA run resumes its adapters and their optimizer state; its dropout draws from the saved RNG.
     # Step 10 is checkpointed and then validated: resumed from it, the run does not validate step 10
     # again, so step 11 matches only if validation left the random generators untouched.
-    reference_log = _run(tmp_path / "reference", tmp_path, extra)
+    reference_log = reference_logs(extra)
     reference = {s.step: s.loss for s in parse_step_lines(reference_log)}
     assert sorted(reference) == list(range(1, STEPS + 1))
     validated = {v.step: v.loss for v in parse_validation_lines(reference_log)}

@@ -192,21 +192,22 @@ def test_training_continues_from_an_exported_adapter(lora_run, tmp_path):
 
 @pytest.mark.slow
 def test_lora_on_the_embedded_default_lowers_the_loss_and_exports_its_base(tmp_path):
-    log = _train(["--lora.rank", "16", *EXACT, "--dump_folder", str(tmp_path / "out")], tmp_path)
+    # The README's LoRA command (its 30 steps run in tests/test_readme.py), at 12 steps: 8.297 -> 7.794 here.
+    log = _train(["--lora.rank", "16", "--steps", "12", *EXACT, "--dump_folder", str(tmp_path / "out")], tmp_path)
     losses = [s.loss for s in parse_step_lines(log)]
-    assert len(losses) == 30 and all(math.isfinite(x) for x in losses)
+    assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
     print(f"LoRA rank 16 on the embedded default: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
-    assert losses[-1] < losses[0] - 0.5
+    assert losses[-1] < losses[0] - 0.25
     base = tmp_path / "out" / "hf" / "base"
-    adapter = tmp_path / "out" / "hf" / "adapter-step-30"
-    assert not (tmp_path / "out" / "hf" / "step-30").exists()  # no --lora.merge: no full export
+    adapter = tmp_path / "out" / "hf" / "adapter-step-12"
+    assert not (tmp_path / "out" / "hf" / "step-12").exists()  # no --lora.merge: no full export
     assert "Exported the frozen base model (training leaves it unchanged)" in log
     outputs = _run_printed(log, tmp_path)  # the adapter's own commands: verify on its base, load through peft
     assert outputs["verify"].rstrip().endswith("OK") and "peft LoRA adapter" in outputs["verify"]
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(base)
     trained = load_trained_model(
         ["--module", "qwen3_titan_native", "--config", "debug", "--lora.rank", "16"],
-        tmp_path / "out" / "checkpoint" / "step-30",
+        tmp_path / "out" / "checkpoint" / "step-12",
     )
     model = peft.PeftModel.from_pretrained(
         AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter)

@@ -23,15 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
 import torch
 import torch.distributed as dist
 import tyro
+from torchtitan.components.dataloader import DataloaderExhaustedError
 from torchtitan.config.configs import DebugConfig
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.observability import structured_logger as sl
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
@@ -261,12 +266,54 @@ class Qwen3Trainer(Trainer):
 
     def train(self):
         with rank_errors(lambda: self.config):
-            super().train()
+            self._train_steps()
             export = None
             if self.config.hf.export:
                 export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
             if not dist.is_initialized() or dist.get_rank() == 0:
                 report(summary_of(self, export), logger.info)
+
+    def _train_steps(self) -> None:
+        """The steps from the checkpoint (if any) to ``--training.steps``: torchtitan's loop, written here as its
+        own subclasses (torchft's, forge's) write theirs, calling its components in its order: load, then per
+        step train, save, validate, profile, and the shorter collective timeout after this process's first step.
+
+        What differs is the end: torchtitan's rank 0 pauses two seconds "for other ranks to complete" before
+        returning. A job of one rank has no other rank, and pays the pause on every run (CI runs hundreds);
+        a job of several still pauses, after a barrier that has every rank done with its steps."""
+        config = self.config
+        sl.log_trace_instant("training_start")
+        self.checkpointer.load(step=config.checkpoint.load_step)
+        started_after = self.step
+        logger.info(f"Training starts at step {started_after + 1}")
+        with config.profiler.build(global_step=self.step, base_folder=config.dump_folder) as profiler:
+            batches = self.batch_generator(self.dataloader)
+            while self.should_continue_training():
+                self.step += 1
+                sl.set_step(self.step, relative_step=self.step - started_after)
+                with sl.log_trace_span("step"):
+                    self.gc_handler.run(self.step)
+                    try:
+                        self.train_step(batches)
+                    except DataloaderExhaustedError:
+                        logger.warning("Ran out of data; last step was canceled.")
+                        break
+                    self.checkpointer.save(self.step, last_step=self.step == config.training.steps)
+                    if config.validator.enable and self.validator.should_validate(self.step):
+                        self.validator.validate(self.model_parts, self.step)
+                    profiler.step()
+                    if self.step == started_after + 1:
+                        # Lazy initialisation and compilation are behind: later collectives get the shorter timeout.
+                        timeout = timedelta(seconds=config.comm.train_timeout_seconds)
+                        dist_utils.set_pg_timeouts(timeout=timeout, parallel_dims=self.parallel_dims)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+            if dist.get_rank() == 0:
+                time.sleep(_OTHER_RANKS_PAUSE_S)
+        logger.info("Training completed")
+
+
+_OTHER_RANKS_PAUSE_S = 2  # torchtitan's own pause on rank 0 at the end of a job of several ranks
 
 
 def _first_layers(config: Qwen3Trainer.Config, layers: int) -> tuple[Qwen3Trainer.Config, Qwen3Architecture]:
