@@ -132,6 +132,10 @@ def test_two_rank_validation_equals_one_rank_and_eval(tmp_path):
         "--dump_folder", tmp_path / "two", cwd=tmp_path,
     )  # fmt: skip
     assert "dp_shard=2" in two
+    # --checkpoint.no-enable with --hf-model: the weights load through the checkpoint manager, no step is saved.
+    assert not (tmp_path / "one" / "checkpoint").exists() and not (tmp_path / "two" / "checkpoint").exists()
+    assert "resume:     no step checkpoint (--checkpoint.no-enable)" in one
+    assert " WARNING " not in one and "[schedule] 1 step(s): warmup 1 step(s)" in one  # a 1-step run, fitted
     (single,), (double,) = parse_validation_lines(one), parse_validation_lines(two)
     assert single.step == double.step == 1
     report = _eval("native-backend", source, *EVAL_SHAPE, cwd=tmp_path)

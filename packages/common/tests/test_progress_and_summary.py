@@ -109,6 +109,13 @@ def test_the_summary_says_how_it_went_and_what_comes_next():
     )
 
 
+def test_the_summary_of_several_ranks_says_all_ranks_and_one_ranks_tokens_per_second():
+    import dataclasses
+
+    (done, *_) = summary_lines(dataclasses.replace(SUMMARY, ranks=2))
+    assert "61,440 tokens, 5,120 tokens/s over 2 ranks (2,560 per rank, the step lines' tps);" in done
+
+
 def test_the_summary_without_checkpoints_says_a_rerun_starts_over(tmp_path):
     import dataclasses
 

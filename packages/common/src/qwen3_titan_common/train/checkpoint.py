@@ -109,6 +109,11 @@ class Qwen3CheckpointManager(CheckpointManager):
         model_record: Annotated[dict[str, Any] | None, tyro.conf.Suppress] = None
         """Set by the trainer: which model this run's checkpoints hold (``train.model_record``)."""
 
+        save_steps: Annotated[bool, tyro.conf.Suppress] = True
+        """Set by the trainer: False when the manager is enabled only to load --hf.model_dir's weights (torchtitan
+        loads an initial checkpoint only through an enabled manager) and --checkpoint.no-enable asked for no
+        step checkpoints."""
+
     def __init__(
         self,
         config: Config,
@@ -122,6 +127,7 @@ class Qwen3CheckpointManager(CheckpointManager):
         self.export_model_parts = model_parts
         self.export_adapter = sd_adapter
         self.model_record = config.model_record
+        self.save_steps = config.save_steps
         self.checkpoint_bytes = checkpoint_bytes(model_parts)
         # Pipeline stages hold different layers: an export gathers them (torchtitan hands its trainer over as
         # the "train_state" state, whose parallel_dims say whether the run is pipelined).
@@ -132,7 +138,7 @@ class Qwen3CheckpointManager(CheckpointManager):
     # subclasses override (torchtitan.experiments.torchft); whether a step is saved is its `_should_save`.
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
-        if not self._should_save(curr_step, last_step):
+        if not self.save_steps or not self._should_save(curr_step, last_step):
             return False
         folder = Path(self.folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +146,8 @@ class Qwen3CheckpointManager(CheckpointManager):
         if self.model_record is not None and _is_writer():
             write_model_record(folder, self.model_record)
         try:
-            return super()._save(curr_step, last_step)
+            with Phase(f"checkpoint of step {curr_step} ({self.checkpoint_bytes / 1e9:.2f} GB) to {folder}"):
+                return super()._save(curr_step, last_step)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as err:  # DCP's CheckpointException is a BaseException

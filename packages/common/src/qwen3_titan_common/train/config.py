@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtitan.components.loss import CrossEntropyLoss
-from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+from torchtitan.components.optimizer import default_adamw
 from torchtitan.config import CompileConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
@@ -21,6 +21,7 @@ from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
 from qwen3_titan_common.perf.metrics import Qwen3Metrics
 from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.train.outputs import OutputDefaults
+from qwen3_titan_common.train.schedule import Qwen3LRSchedulers
 from qwen3_titan_common.train.trainer import (
     HFCheckpointConfig,
     ModelSpecBuilder,
@@ -137,7 +138,7 @@ def build_trainer_config(
         tokenizer=ChatTemplateTokenizer.Config(),
         dataloader=TextChatDataLoader.Config(),
         optimizer=default_adamw(lr=shape.lr),
-        lr_scheduler=LRSchedulersContainer.Config(
+        lr_scheduler=Qwen3LRSchedulers.Config(
             warmup_steps=shape.warmup_steps,
             decay_ratio=0.8,
             decay_type="cosine",

@@ -48,6 +48,7 @@ class RunSummary:
         None  # the loss figures' step, when the run trained past its last step line
     )
     losses: list[list[float]] | None = None  # [step, loss] of the logged steps (perf.run_progress keeps them)
+    ranks: int = 1  # the job's ranks: tokens and tokens/s are all of theirs, a step line's tps one rank's
 
     def write(self, path: str | os.PathLike) -> None:
         """Atomically: the launcher reads a complete file or none."""
@@ -107,6 +108,8 @@ def summary_lines(
         return ["done: no step was trained (the run had already reached --training.steps)"]
     took = _duration(wall_seconds if wall_seconds is not None else s.train_seconds)
     rate = f", {s.tokens_per_second:,.0f} tokens/s" if s.tokens_per_second else ""
+    if rate and s.ranks > 1:
+        rate += f" over {s.ranks} ranks ({s.tokens_per_second / s.ranks:,.0f} per rank, the step lines' tps)"
     if s.trained_share is not None:
         rate += f", {100 * s.trained_share:.0f}% of them trained"
     memory = f"; peak memory {s.peak_memory_gib:.2f}GiB ({s.memory_source})" if s.peak_memory_gib else ""
@@ -161,7 +164,7 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
     progress = metrics.progress
     checkpointer = trainer.checkpointer
     checkpoint = None
-    if checkpointer.enable and progress.last_step is not None:
+    if checkpointer.enable and getattr(checkpointer, "save_steps", True) and progress.last_step is not None:
         checkpoint = str((Path(checkpointer.folder) / f"step-{trainer.step}").resolve())
     lora = getattr(checkpointer, "exports", None)
     lora_fields = {}
@@ -191,6 +194,7 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
         export=str(Path(export).resolve()) if export else None,
         trained_share=progress.trained_share(),
         losses=[[step, loss] for step, loss in progress.losses],
+        ranks=getattr(getattr(trainer, "parallel_dims", None), "world_size", 1),
         **lora_fields,
     )
 

@@ -21,6 +21,7 @@ and when to export; the checkpoint manager (``train.checkpoint``) checks the dis
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -50,6 +51,7 @@ from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.perf.precision import precision_line
+from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.model_record import (
@@ -294,7 +296,10 @@ class Qwen3Trainer(Trainer):
                 with sl.log_trace_span("step"):
                     self.gc_handler.run(self.step)
                     try:
-                        self.train_step(batches)
+                        # The first step compiles and warms up (minutes on Trainium): past 5 s, a line every 5 s.
+                        first = Phase(f"step {self.step}, the first of this run (compilation, warm-up)")
+                        with first if self.step == started_after + 1 else contextlib.nullcontext():
+                            self.train_step(batches)
                     except DataloaderExhaustedError:
                         logger.warning("Ran out of data; last step was canceled.")
                         break
@@ -407,6 +412,7 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
         checkpoint = dataclasses.replace(
             checkpoint,
             enable=True,
+            save_steps=checkpoint.enable,
             initial_load_path=str(model_dir.path),
             initial_load_in_hf=True,
             initial_load_model_only=True,

@@ -32,6 +32,7 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.validation import ValidationDataLoader, choose_validation_data
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.quiet import titan_log_level_at_least
 
 
@@ -67,7 +68,11 @@ class Qwen3Validator(Validator):
             Validator.__init__(self, config, **kwargs)
 
     def validate(self, model_parts: list[nn.Module], step: int) -> None:
-        with torch.random.fork_rng(devices=_cuda_devices_in_use(), device_type="cuda"):
+        # A large model's validation takes minutes: past 5 s, a line every 5 s (perf.progress).
+        with (
+            Phase(f"validation at step {step}"),
+            torch.random.fork_rng(devices=_cuda_devices_in_use(), device_type="cuda"),
+        ):
             Validator.validate(self, model_parts, step)
 
     def should_validate(self, step: int) -> bool:
