@@ -193,7 +193,9 @@ def test_training_continues_from_an_exported_adapter(lora_run, tmp_path):
 @pytest.mark.slow
 def test_lora_on_the_embedded_default_lowers_the_loss_and_exports_its_base(tmp_path):
     # The README's LoRA command (its 30 steps run in tests/test_readme.py), at 12 steps: 8.297 -> 7.794 here.
-    log = _train(["--lora.rank", "16", "--steps", "12", *EXACT, "--dump_folder", str(tmp_path / "out")], tmp_path)
+    log = _train(
+        ["--lora.rank", "16", "--steps", "12", *EXACT, "--dump_folder", str(tmp_path / "out")], tmp_path
+    )
     losses = [s.loss for s in parse_step_lines(log)]
     assert len(losses) == 12 and all(math.isfinite(x) for x in losses)
     print(f"LoRA rank 16 on the embedded default: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
