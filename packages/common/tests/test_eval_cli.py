@@ -153,6 +153,10 @@ def _listing(*roots):
         (["{dense}", "--seq-len", "4096"], "--seq-len 4096: longer than the model's max_position_embeddings"),
         (["{untokenized}"], "no tokenizer files (tokenizer.json) beside the model; pass --tokenizer DIR"),
         (["{dense}", "--tokenizer", "{empty}"], "--tokenizer {empty}: no tokenizer.json there"),
+        (
+            ["{dense}", "--records", "held_out", "--held-out", "0", "--dataset", "{bad_record}"],
+            "no held-out records for validation (--held-out is 0); pass --dataset PATH, a --held-out share",
+        ),
         (["{dense}", "--backend", "nope"], "--backend nope: not an installed backend"),
         (["{dense}", "--seq-len", "0"], "--seq-len 0: expected a positive integer"),
         (
@@ -172,6 +176,7 @@ def _listing(*roots):
         "seq-len-beyond-positions",
         "no-tokenizer",
         "tokenizer-not-a-tokenizer",
+        "no-held-out-records",
         "unknown-backend",
         "zero-seq-len",
         "bad-record",

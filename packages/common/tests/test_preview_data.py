@@ -153,6 +153,9 @@ def test_console_script_errors_are_one_line(tmp_path, data):
     missing = subprocess.run([PREVIEW, str(tmp_path / "nope.jsonl")], capture_output=True, text=True)
     assert missing.returncode == 2
     assert missing.stderr.count("\n") == 1 and "nope.jsonl': no such file or directory" in missing.stderr
+    assert missing.stderr.startswith("preview-data: DATASET '") and "--dataloader." not in missing.stderr
+    zero = subprocess.run([PREVIEW, str(data), "--seq-len", "0"], capture_output=True, text=True)
+    assert (zero.returncode, zero.stderr) == (2, "preview-data: --seq-len 0: expected a positive number\n")
     no_template = tmp_path / "plain"
     qwen3_tokenizer_dir(no_template)
     config = json.loads((no_template / "tokenizer_config.json").read_text())

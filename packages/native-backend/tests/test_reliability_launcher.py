@@ -847,9 +847,15 @@ def test_interrupted_before_any_rank(tmp_path):
         (["--dataloader.prefetch_factor", "4"], "--dataloader.prefetch_factor 4: applies only to loader worker"),
         (["--dataloader.persistent_workers"], "--dataloader.persistent_workers True: applies only"),
         (["--dataloader.num_workers", "-1"], "--dataloader.num_workers -1: expected an integer >= 0"),
+        (["--metrics.log_freq", "0"], "--metrics.log_freq 0: expected a positive number of steps"),
+        (["--training.global_batch_size", "12"],
+         "--training.global_batch_size 12: expected a multiple of --training.local_batch_size (--batch-size) 8 "
+         "x 1 data-parallel rank(s) = 8"),
+        (["--nproc", "2", "--training.global_batch_size", "8"], "x 2 data-parallel rank(s) = 16"),
     ],
     ids=["clip-negative", "clip-zero", "warmup-negative", "decay-over-one", "min-lr-over-one",
-         "prefetch-without-workers", "persistent-without-workers", "workers-negative"],
+         "prefetch-without-workers", "persistent-without-workers", "workers-negative", "log-freq-zero",
+         "global-batch-not-a-multiple", "global-batch-below-the-ranks"],
 )  # fmt: skip
 def test_schedule_and_loader_values_no_one_means(fails, argv, culprit):
     fails(argv, culprit)

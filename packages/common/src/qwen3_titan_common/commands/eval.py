@@ -231,29 +231,34 @@ def _data_config(args):
     )
 
 
-# The data loader's errors name training's flags; eval's own are these.
-_EVAL_FLAGS = {
-    "dataset": "--dataset",
+# The data loader's errors name training's flags; eval's and preview-data's own are these.
+_COMMAND_FLAGS = {
     "split": "--split",
     "format": "--format",
     "text_field": "--text-field",
     "messages_field": "--messages-field",
+    "tools_field": "--tools-field",
+    "earlier_reasoning": "--earlier-reasoning",
     "held_out": "--held-out",
     "on_bad_record": "--on-bad-record",
     "allow_network": "--allow-network",
 }
 _TRAIN_FLAG = re.compile(r"--(?:validator\.)?dataloader\.(\w+)|--training\.seq_len")
+_TRAIN_ONLY = ", or --validator.no-enable"  # a way out that only `train` has
 
 
-def in_eval_flags(message: str) -> str:
-    """``message`` with each training flag it names replaced by eval's flag for the same setting."""
+def in_command_flags(message: str, dataset: str = "--dataset") -> str:
+    """``message`` with each training flag it names replaced by the command's flag for the same setting;
+    ``dataset``: how the command takes the dataset (a flag, or preview-data's positional DATASET)."""
 
     def flag(match: re.Match) -> str:
         if match.group(0) == "--training.seq_len":
             return "--seq-len"
-        return _EVAL_FLAGS.get(match.group(1), match.group(0))
+        if match.group(1) == "dataset":
+            return dataset
+        return _COMMAND_FLAGS.get(match.group(1), match.group(0))
 
-    return _TRAIN_FLAG.sub(flag, message)
+    return _TRAIN_FLAG.sub(flag, message.replace(_TRAIN_ONLY, ""))
 
 
 def _describe(config) -> str:
@@ -344,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args)
     except UserInputError as err:
-        print(f"eval: {in_eval_flags(str(err))}", file=sys.stderr)
+        print(f"eval: {in_command_flags(str(err))}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2) if args.json else _table(report))
     return 0

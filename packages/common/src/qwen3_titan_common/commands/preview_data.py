@@ -174,8 +174,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _bad_arguments(args: argparse.Namespace) -> str | None:
     """Why the command line cannot be previewed, in one line; None when it can."""
-    if any(n is not None and n < 1 for n in (args.records, args.rows, args.seq_len)):
-        return "-n, --rows and --seq-len take a positive number"
+    for flag, n in (("-n", args.records), ("--rows", args.rows), ("--seq-len", args.seq_len)):
+        if n is not None and n < 1:
+            return f"{flag} {n}: expected a positive number"
     if args.rows is not None and args.records is not None:
         return "-n counts records, --rows counts rows: pass one of them"
     if args.rows is not None and args.seq_len is None:
@@ -203,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
             args.records = DEFAULT_RECORDS
         records = preview(args)
     except (UserInputError, OSError) as err:
-        print(f"preview-data: {err}", file=sys.stderr)
+        from qwen3_titan_common.commands.eval import in_command_flags
+
+        print(f"preview-data: {in_command_flags(str(err), dataset='DATASET')}", file=sys.stderr)
         return 2
     for record in records:
         print(json.dumps(_as_json(record)) if args.json else _report(record, color))

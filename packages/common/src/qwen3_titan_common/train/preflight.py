@@ -133,6 +133,20 @@ def _check_parallel_shapes(config, layout: Layout) -> None:
         )
 
 
+def _check_batch(config, layout: Layout) -> None:
+    """The global batch splits into micro-batches of --training.local_batch_size on every data-parallel rank."""
+    training = config.training
+    wanted = training.global_batch_size
+    ranks = layout.dp_replicate * layout.dp_shard
+    micro = training.local_batch_size * ranks
+    if wanted == 0 or wanted < -1 or (wanted > 0 and wanted % micro):
+        raise UserInputError(
+            f"--training.global_batch_size {wanted}: expected a multiple of --training.local_batch_size "
+            f"(--batch-size) {training.local_batch_size} x {ranks} data-parallel rank(s) = {micro} (each step "
+            "accumulates micro-batches of that size), or -1 for one micro-batch per step"
+        )
+
+
 def _check_optimizer(optimizer) -> None:
     """Values no one means, refused before a step moves a weight the wrong way (a negative rate ascends)."""
     for index, group in enumerate(getattr(optimizer, "param_groups", None) or ()):
@@ -215,6 +229,11 @@ def _check_flags(config) -> None:
     _check_optimizer(config.optimizer)
     _check_schedule(config)
     _check_loader_workers(config.dataloader)
+    log_freq = getattr(getattr(config, "metrics", None), "log_freq", 1)
+    if not isinstance(log_freq, int) or log_freq < 1:
+        raise UserInputError(
+            f"--metrics.log_freq {log_freq}: expected a positive number of steps between step lines"
+        )
     training = config.training
     _positive("--training.steps", training.steps)
     _positive("--training.local_batch_size", training.local_batch_size)
@@ -355,6 +374,7 @@ def check_run(config, world_size: int | None = None, *, deferred: list[str] | No
     _check_flags(config)
     layout = resolve_layout(config.parallelism, world_size)
     _check_parallel_shapes(config, layout)
+    _check_batch(config, layout)
     if config.architecture is not None:
         _check_tokenizer(config.hf_assets_path, config.architecture.vocab_size)
     _check_override_imports(config.override.imports)
