@@ -847,7 +847,7 @@ def test_interrupted_before_any_rank(tmp_path):
         (["--dataloader.prefetch_factor", "4"], "--dataloader.prefetch_factor 4: applies only to loader worker"),
         (["--dataloader.persistent_workers"], "--dataloader.persistent_workers True: applies only"),
         (["--dataloader.num_workers", "-1"], "--dataloader.num_workers -1: expected an integer >= 0"),
-        (["--metrics.log_freq", "0"], "--metrics.log_freq 0: expected a positive number of steps"),
+        (["--metrics.log_freq", "0"], "--metrics.log_freq 0: expected a positive integer"),
         (["--training.global_batch_size", "12"],
          "--training.global_batch_size 12: expected a multiple of --training.local_batch_size (--batch-size) 8 "
          "x 1 data-parallel rank(s) = 8"),

@@ -139,11 +139,9 @@ class ChatTokenizer:
                 if isinstance(value, str):
                     self.tokens.check_plain(value, f"{messages_field}[{i}]: field '{key}'")
             for j, call in enumerate(message.get("tool_calls") or ()):
-                function = call.get("function", call)
-                arguments = function.get("arguments")
-                for name, text in (("name", function.get("name")), ("arguments", arguments)):
-                    if isinstance(text, str):
-                        self.tokens.check_plain(text, f"{messages_field}[{i}].tool_calls[{j}]: '{name}'")
+                # Written as the template writes it: the name and the arguments, a string or an object.
+                written = json.dumps(call.get("function", call), ensure_ascii=False)
+                self.tokens.check_plain(written, f"{messages_field}[{i}].tool_calls[{j}]")
 
     def tokenize(self, conversation: Conversation) -> list[ChatTokens]:
         """The rows one conversation trains: one, or with ``split`` one more per turn cut out."""

@@ -229,11 +229,7 @@ def _check_flags(config) -> None:
     _check_optimizer(config.optimizer)
     _check_schedule(config)
     _check_loader_workers(config.dataloader)
-    log_freq = getattr(getattr(config, "metrics", None), "log_freq", 1)
-    if not isinstance(log_freq, int) or log_freq < 1:
-        raise UserInputError(
-            f"--metrics.log_freq {log_freq}: expected a positive number of steps between step lines"
-        )
+    _positive("--metrics.log_freq", getattr(getattr(config, "metrics", None), "log_freq", 1))
     training = config.training
     _positive("--training.steps", training.steps)
     _positive("--training.local_batch_size", training.local_batch_size)
@@ -265,12 +261,11 @@ def _export_root(config) -> tuple[Path, str]:
 def _data_folders(config) -> list[tuple[str, Path]]:
     """The local folders the run reads data from, with the flag naming each."""
     folders = []
+    validation = getattr(getattr(config, "validator", None), "dataloader", None)
     for flag, section in (
         ("--dataloader.dataset", config.dataloader),
-        ("--validator.dataloader.dataset", None),
+        ("--validator.dataloader.dataset", validation),
     ):
-        if section is None:
-            section = getattr(getattr(config, "validator", None), "dataloader", None)
         spec = getattr(section, "dataset", None)
         if isinstance(spec, str) and spec and spec != "default":
             path = Path(spec).expanduser()
