@@ -136,3 +136,38 @@ def test_hf_reader_reads_an_alias_from_the_stored_tensor(tmp_path):
     assert torch.equal(state["lm_head.weight"], embed) and torch.equal(
         state["model.embed_tokens.weight"], embed
     )
+
+
+def test_the_memory_tracker_counts_fake_tensors_by_kind():
+    with compat.fake_tensor_mode():
+        model = torch.nn.Linear(256, 512)
+        optimizer = torch.optim.AdamW(model.parameters())
+        inputs = torch.randn(8, 256)
+        tracker = compat.step_memory_tracker(model, optimizer, (inputs,))
+        with tracker:
+            model(inputs).sum().backward()
+            optimizer.step()
+            current = compat.tracker_current_by_kind(tracker)
+        peak = compat.tracker_peak_by_kind(tracker)
+    weights = 4 * (256 * 512 + 512)
+    assert current["Parameter"] == weights and current["Gradient"] == weights
+    assert current["Optstate"] >= 2 * weights  # both AdamW moments
+    assert "Total" not in peak and sum(peak.values()) >= sum(current.values())
+
+
+def test_gloo_copies_are_held_while_the_collective_runs():
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with compat.fake_tensor_mode():
+            tracker = compat.step_memory_tracker(torch.nn.Linear(2, 2), None, ())
+            data, out = torch.empty(1024, 1024), torch.empty(512, 1024)
+            with tracker, compat.gloo_collective_copies(2):
+                dist.reduce_scatter_tensor(out, data)
+            peak = sum(compat.tracker_peak_by_kind(tracker).values())
+    finally:
+        dist.destroy_process_group()
+    # The two 4 MiB scratch copies of the input were alive during the reduce-scatter.
+    assert peak >= 2 * 4 * 1024 * 1024

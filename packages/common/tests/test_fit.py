@@ -35,3 +35,15 @@ def test_verdict_and_the_largest_batch_by_the_same_estimate():
     # 2 GiB of weights and optimizer state, 1 GiB of activations per row: 8 rows fit in 10 GiB.
     assert largest_batch(2 * GIB, 16 * GIB, 16, memory) == 8
     assert largest_batch(12 * GIB, 16 * GIB, 16, memory) == 0
+
+
+def test_a_stated_memory_is_a_device_or_gib():
+    import pytest
+    from qwen3_titan_common.perf.fit import stated_memory
+
+    assert stated_memory("trn2").bytes_per_rank == 24 * GIB
+    assert stated_memory("H100").bytes_per_rank == 80 * 10**9
+    assert stated_memory("1.5") == RankMemory(int(1.5 * GIB), "--memory-per-rank 1.5")
+    for bad in ("0", "-2", "inf", "nan", "a100x"):
+        with pytest.raises(ValueError):
+            stated_memory(bad)

@@ -16,8 +16,13 @@ def _dry_run(*args):
 
 @pytest.mark.slow
 def test_64_rank_layout_of_the_recipe_4b_config():
-    proc = _dry_run("--nproc", "64", "--config", "native_qwen3_4b")
+    proc = _dry_run("--nproc", "64", "--config", "native_qwen3_4b", "--memory-per-rank", "trn2")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # Planned for trn2: its 24 GiB per logical core, no host process or gloo copies counted.
+    assert (
+        "[dry-run] memory fits:" in proc.stdout and "(trn2: 24 GiB per logical core at LNC=2)" in proc.stdout
+    )
+    assert "+ process" not in proc.stdout
     assert "64 ranks = dp_replicate 1 x dp_shard(FSDP) 64" in proc.stdout
     # 4.02B parameters sharded 64 ways: about 63M per rank (plus FSDP padding).
     found = re.search(r"([0-9,]+) parameters, ([0-9,]+) on rank 0", proc.stdout)
@@ -50,3 +55,52 @@ def test_degrees_that_do_not_multiply_fail_with_one_line():
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("train: parallel degrees do not multiply to the rank count")
     assert "dp_shard 8" in last and "expected 64 ranks" in last
+
+
+def _estimate(stdout: str) -> dict[str, float]:
+    kinds = re.search(r"GiB: (.*?) \+ process", stdout)
+    assert kinds, stdout[-2000:]
+    return {
+        name: float(value) for name, value in (part.rsplit(" ", 1) for part in kinds.group(1).split(", "))
+    }
+
+
+def test_the_estimate_follows_activation_checkpointing_given_as_torchtitans_subcommand():
+    # The subcommand is the last argument (tyro applies what follows it to it); the dry run's own flags go before.
+    plain = _dry_run("--batch-size", "32", "--seq-len", "512")
+    full = _dry_run("--batch-size", "32", "--seq-len", "512", "activation-checkpoint:full")
+    assert plain.returncode == 0 and full.returncode == 0, full.stderr[-2000:]
+    plain_kinds, full_kinds = _estimate(plain.stdout), _estimate(full.stdout)
+    # Same weights; recomputed layers keep only their inputs (the logits and loss are not recomputed).
+    assert plain_kinds["params"] == full_kinds["params"]
+    assert full_kinds["activations"] < plain_kinds["activations"]
+
+
+def _total(stdout: str) -> float:
+    found = re.search(r"total ~([0-9.]+) GiB", stdout)
+    assert found, stdout[-2000:]
+    return float(found.group(1))
+
+
+@pytest.mark.slow
+def test_a_run_that_names_no_batch_gets_the_largest_that_fits_the_stated_memory(tmp_path):
+    one, eight = (_dry_run("--batch-size", str(b), "--out", str(tmp_path / "dry")) for b in (1, 8))
+    assert one.returncode == 0 and eight.returncode == 0, eight.stderr[-2000:]
+    # Between the estimates of 1 and 8 rows (the debug config's batch): 8 does not fit, a smaller batch does.
+    memory = round((_total(one.stdout) + _total(eight.stdout)) / 2, 3)
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
+    run = subprocess.run(
+        [TRAIN, "--memory-per-rank", str(memory), "--steps", "1", "--out", str(tmp_path / "out"),
+         "--checkpoint.no-enable", "--hf.no-export", "--validator.no-enable"],
+        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = re.search(
+        r"\[train\] memory: batch (\d+) per rank \(the config's 8 does not fit\), ~([0-9.]+) GiB", run.stderr
+    )
+    assert said, run.stderr[-3000:]
+    batch, estimate = int(said.group(1)), float(said.group(2))
+    assert 1 <= batch < 8 and estimate <= memory
+    # Stated before torchrun starts, and what the ranks train.
+    assert run.stderr.index("[train] memory:") < run.stderr.index("torchrun")
+    assert f"local batch size {batch}," in run.stdout + run.stderr

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -848,13 +849,14 @@ def test_interrupted_before_any_rank(tmp_path):
         (["--dataloader.persistent_workers"], "--dataloader.persistent_workers True: applies only"),
         (["--dataloader.num_workers", "-1"], "--dataloader.num_workers -1: expected an integer >= 0"),
         (["--metrics.log_freq", "0"], "--metrics.log_freq 0: expected a positive integer"),
+        (["--metrics.progress_seconds", "-1"], "--metrics.progress_seconds -1.0: expected seconds, 0 or more"),
         (["--training.global_batch_size", "12"],
          "--training.global_batch_size 12: expected a multiple of --training.local_batch_size (--batch-size) 8 "
          "x 1 data-parallel rank(s) = 8"),
         (["--nproc", "2", "--training.global_batch_size", "8"], "x 2 data-parallel rank(s) = 16"),
     ],
     ids=["clip-negative", "clip-zero", "warmup-negative", "decay-over-one", "min-lr-over-one",
-         "prefetch-without-workers", "persistent-without-workers", "workers-negative", "log-freq-zero",
+         "prefetch-without-workers", "persistent-without-workers", "workers-negative", "log-freq-zero", "progress-negative",
          "global-batch-not-a-multiple", "global-batch-below-the-ranks"],
 )  # fmt: skip
 def test_schedule_and_loader_values_no_one_means(fails, argv, culprit):
@@ -941,6 +943,45 @@ def test_print_sbatch_checks_the_job_before_printing_it(fails, argv, culprit):
     assert "#!/bin/bash" not in line
 
 
+@pytest.mark.parametrize(
+    ("argv", "culprit"),
+    [
+        (["--print-cmd", "--memory-per-rank", "24"], "--memory-per-rank: not with --print-cmd"),
+        (["--dry-run", "--memory-per-rank", "0"], "--memory-per-rank=0: expected a positive number of GiB"),
+        (["--dry-run", "--memory-per-rank", "lots"], "--memory-per-rank=lots"),
+    ],
+    ids=["beside-print-cmd", "zero", "not-a-number"],
+)
+def test_memory_per_rank_is_a_dry_run_amount(fails, argv, culprit):
+    fails(argv, culprit)
+
+
+def _half_a_gib_above_this_process() -> str:
+    """A stated memory half a GiB above what this process holds (a job here counts its process's own memory):
+    64 rows of the debug model (~2 GiB of step) do not fit it, one row (~0.06 GiB) does."""
+    from qwen3_titan_common.perf.memory import GIB, process_baseline_bytes
+
+    return f"{process_baseline_bytes('cpu') / GIB + 0.5:.2f}"
+
+
+def test_a_job_that_does_not_fit_a_stated_memory_is_refused_with_settings_that_fit(fails):
+    # The CPU twin of a device smaller than this machine.
+    memory = _half_a_gib_above_this_process()
+    line = fails(["--dry-run", "--batch-size", "64", "--memory-per-rank", memory],
+                 "--training.local_batch_size 64 (--batch-size)", "does not fit", f"(--memory-per-rank {float(memory):g})",
+                 "fits by the same estimate")  # fmt: skip
+    fits = re.search(r"--batch-size\) (\d+) \(~([0-9.]+) GiB\)", line)
+    assert fits, line
+    assert 1 <= int(fits.group(1)) < 64 and float(fits.group(2)) <= float(memory)
+
+
+def test_a_run_that_does_not_fit_a_stated_memory_is_refused_before_torchrun(fails):
+    # Not a dry run: the launcher checks before it starts torchrun, and nothing is written.
+    line = fails(["--batch-size", "64", "--memory-per-rank", _half_a_gib_above_this_process()],
+                 "--training.local_batch_size 64 (--batch-size)", "does not fit", "fits by the same estimate")  # fmt: skip
+    assert "torchrun" not in line
+
+
 def test_dry_run_of_a_batch_this_machine_cannot_hold(fails):
     from qwen3_titan_common.perf.fit import available_host_bytes
 
@@ -950,3 +991,13 @@ def test_dry_run_of_a_batch_this_machine_cannot_hold(fails):
                  "does not fit", "GiB per rank here (cpu:", "fits by the same estimate")  # fmt: skip
     fits = int(line.split("(--batch-size) ")[-1].split()[0])
     assert 1 <= fits < rows
+
+
+def test_conversion_needs_weights_and_a_checkpoint_folder_without_steps(fails, tmp_path):
+    fails(["--hf.to_dcp"], "--hf.to_dcp: converts --hf.model_dir (--hf-model DIR), and none is given")
+    model = make_tiny_checkpoint(tmp_path / "model")
+    fails(
+        ["--hf-model", str(model), "--hf.to_dcp", "--checkpoint.no-enable"], "not with --checkpoint.no-enable"
+    )
+    (tmp_path / "out" / "checkpoint" / "step-4").mkdir(parents=True)
+    fails(["--hf-model", str(model), "--hf.to_dcp"], "already holds step-4", "pass another --out")

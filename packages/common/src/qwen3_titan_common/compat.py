@@ -38,6 +38,12 @@ The seams:
   ``_checkpoint_wrapped_module`` into parameter names.
 - :func:`lm_head_applied_by_loss`: torchtitan's Trainer tells a model that its chunked loss applies
   ``lm_head`` by setting ``model._skip_lm_head``.
+- :func:`fake_tensor_mode`, :func:`step_memory_tracker`, :func:`tracker_peak_by_kind`,
+  :func:`tracker_current_by_kind`, :func:`gloo_collective_copies`: torch's fake tensors
+  (``torch._subclasses``) and its memory trackers (``torch.distributed._tools``: ``FSDPMemTracker`` for an
+  FSDP model, ``MemTracker`` otherwise), which the memory estimate (``perf.memory``) runs one step under;
+  torchtitan's own estimator used them until it was removed. :func:`gloo_collective_copies` adds what gloo's
+  collectives hold while they run: it names c10d's private ops and needs torch's private dispatch-mode class.
 """
 
 from __future__ import annotations
@@ -301,3 +307,69 @@ def hf_storage_reader_with_aliases(path: str, aliases: dict[str, str], note: str
     from the stored tensor it maps to (e.g. ``{"lm_head.weight": "model.embed_tokens.weight"}``); ``note``
     is logged when that happens."""
     return _aliasing_reader_class()(path, aliases, note)
+
+
+# -- the memory estimate's tracker -----------------------------------------------------------------
+
+
+def fake_tensor_mode():
+    """torch's FakeTensorMode: tensors with shapes, dtypes and devices, and no storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+def step_memory_tracker(model, optimizer, inputs: tuple):
+    """torch's memory tracker for training steps of ``model`` on ``inputs``: FSDP's where FSDP2 shards the model."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        tracker = FSDPMemTracker(mod=model, optm=optimizer)
+        tracker.track_inputs(inputs)
+        return tracker
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, *inputs)
+    return tracker
+
+
+def gloo_collective_copies(copies: int):
+    """A dispatch mode, entered inside a memory tracker, that holds ``copies`` scratch tensors the size of each
+    all-gather's output and each reduce-scatter's input while the collective runs: what gloo holds then beyond
+    its buffers (measured: two copies, docs/performance.md), so that the tracker counts it."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    c10d = torch.ops.c10d
+    buffer_arg = {c10d._allgather_base_.default: 0, c10d._reduce_scatter_base_.default: 1}
+
+    class GlooCopies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            at = buffer_arg.get(func)
+            scratch = [torch.empty_like(args[at]) for _ in range(copies)] if at is not None else []
+            out = func(*args, **(kwargs or {}))
+            del scratch
+            return out
+
+    return GlooCopies()
+
+
+def tracker_peak_by_kind(tracker) -> dict[str, int]:
+    """Bytes live at the tracked peak so far, by the tracker's kind names ('Sharded Param', 'OptState', ...)."""
+    return _by_kind(tracker.get_tracker_snapshot("peak"))
+
+
+def tracker_current_by_kind(tracker) -> dict[str, int]:
+    """Bytes live now, by the tracker's kind names."""
+    return _by_kind(tracker.get_tracker_snapshot("current"))
+
+
+def _by_kind(snapshot) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for per_device in snapshot.values():
+        for kind, nbytes in per_device.items():
+            name = getattr(kind, "value", kind)  # the tracker's kinds are str enums; its sum is "Total"
+            if name != "Total":
+                out[name] = out.get(name, 0) + nbytes
+    return out

@@ -115,7 +115,7 @@ def checks_in_process(backend, argv: list[str]) -> int:
     from qwen3_titan_common.cli.launch import run
     from qwen3_titan_common.cli.plan import check_config_name, check_model_dir, plan_launch
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.train.dry_run import parse_run_config
+    from qwen3_titan_common.train.dry_run import before_subcommands, check_before_launch, parse_run_config
     from qwen3_titan_common.train.dump_lock import hold_in_rank
     from qwen3_titan_common.train.trainer import Qwen3Trainer
 
@@ -126,6 +126,7 @@ def checks_in_process(backend, argv: list[str]) -> int:
         _, plan = plan_launch(backend, argv)
         check_config_name(plan.module, plan.config)
         check_model_dir(plan.passthrough)
+        plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2

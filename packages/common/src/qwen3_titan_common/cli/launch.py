@@ -66,6 +66,9 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             from qwen3_titan_common.train.layout_check import check_layout
 
             return check_layout(plan, lambda job: _run(job, user_command(argv), opts.show_traceback))
+        from qwen3_titan_common.train.dry_run import before_subcommands, check_before_launch
+
+        plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
         return _train(plan, argv, show_traceback=opts.show_traceback)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)

@@ -21,6 +21,7 @@ from qwen3_titan_common.cli.config_names import list_config_functions
 from qwen3_titan_common.cli.elastic import restart_env_updates, torchrun_flags
 from qwen3_titan_common.cli.knobs import add_knob_arguments, knob_flags, mapping_lines, titan_args
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.perf.fit import memory_flag
 from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
 
@@ -55,6 +56,8 @@ class LaunchPlan:
     knob_mapping: list[str] = field(default_factory=list)
     # The device kind found on this machine when the job runs here (no --nproc), else None.
     device_kind: str | None = None
+    # The memory a rank has, stated (--memory-per-rank: GiB or a device; perf.fit), else None.
+    memory_per_rank: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -133,6 +136,11 @@ def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
         action="store_true",
         help="check the parallel layout, sharding and memory on this machine with a fake process group",
     )
+    p.add_argument(
+        "--memory-per-rank", dest="memory_per_rank", default=None, metavar="GIB",
+        help="the memory one rank has, to check the job against before it starts (a dry run, or a run here): "
+        "GiB, or a device (trn2: a logical core at LNC=2, h100, h200); default: this machine's",
+    )  # fmt: skip
     p.add_argument(
         "--check-layout", action="store_true",
         help="run this layout at 2 layers beside one rank on this machine, 3 steps, and compare their losses",
@@ -294,5 +302,11 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
         rdzv_id=_cluster_default(opts.rdzv_id, "SLURM_JOB_ID"),
         knob_mapping=mapping_lines(knobs),
         device_kind=device_kind if nnodes == 1 else None,
+        memory_per_rank=memory_flag(
+            opts.memory_per_rank,
+            beside=[
+                f for f in ("print_cmd", "print_sbatch", "check_layout", "list_configs") if getattr(opts, f)
+            ],
+        ),  # fmt: skip
     )
     return opts, plan

@@ -60,6 +60,46 @@ def rank_memory(kind: str, ranks_per_node: int) -> RankMemory | None:
     return None
 
 
+# Devices a job can be planned for by name (``train --dry-run --memory-per-rank NAME``): one rank's memory.
+NAMED_DEVICES: dict[str, RankMemory] = {
+    "trn2": RankMemory(TRN2_CORE_BYTES, "trn2: 24 GiB per logical core at LNC=2"),
+    "h100": RankMemory(80 * 10**9, "h100: 80 GB (NVIDIA's figure)"),
+    "h200": RankMemory(141 * 10**9, "h200: 141 GB (NVIDIA's figure)"),
+}
+
+
+def stated_memory(text: str) -> RankMemory:
+    """``--memory-per-rank``: a device named in :data:`NAMED_DEVICES` or a number of GiB; ValueError otherwise."""
+    named = NAMED_DEVICES.get(text.strip().lower())
+    if named is not None:
+        return named
+    gib = float(text)  # ValueError for what is not a number
+    if not 0 < gib < float("inf"):
+        raise ValueError(text)
+    return RankMemory(int(gib * GIB), f"--memory-per-rank {gib:g}")
+
+
+def memory_flag(text: str | None, *, beside: list[str]) -> str | None:
+    """``--memory-per-rank TEXT`` checked (a device or GiB), as given; refused beside the launcher's options
+    ``beside`` (``print_cmd``, ...), which check nothing against it."""
+    from qwen3_titan_common.errors import UserInputError
+
+    if text is None:
+        return None
+    if beside:
+        raise UserInputError(
+            f"--memory-per-rank: not with --{beside[0].replace('_', '-')} (it is the memory a dry run or a run "
+            "here is checked against)"
+        )
+    try:
+        stated_memory(text)
+    except ValueError:
+        raise UserInputError(
+            f"--memory-per-rank={text}: expected a positive number of GiB or a device ({', '.join(NAMED_DEVICES)})"
+        ) from None
+    return text
+
+
 def verdict(needed_bytes: int, memory: RankMemory) -> str:
     """'fits', 'near the limit' or 'does not fit'."""
     if needed_bytes > memory.bytes_per_rank:

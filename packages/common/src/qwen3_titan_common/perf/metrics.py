@@ -69,6 +69,9 @@ class Qwen3Metrics(MetricsProcessor):
         enable_tensorboard: bool = True
         flops_causal_halving: bool = False
         """Halve the attention FLOPs for the causal mask (default: torchtitan's convention, no halving)."""
+        progress_seconds: float = 5.0
+        """A phase (loading, the first step, a checkpoint save, validation, export) that lasts longer than this
+        prints a progress line, then one every this many seconds."""
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)

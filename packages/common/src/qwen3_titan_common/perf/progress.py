@@ -1,6 +1,7 @@
 """Progress of a phase that runs long: loading weights, indexing a large data file, exporting.
 
-Silent for the first 5 seconds (most phases end sooner); then one line every 5 seconds, with the fraction
+Silent for the first 5 seconds (most phases end sooner; ``--metrics.progress_seconds`` sets it); then one
+line every 5 seconds, with the fraction
 done, the rate and the time left where the amount of work is known, or the time spent where it is not
 (a heartbeat from a background thread); and, once past 5 s, one line when the phase ends.
 
@@ -21,6 +22,13 @@ logger = logging.getLogger(__name__)
 
 QUIET_SECONDS = 5.0
 EVERY_SECONDS = 5.0
+# The run's cadence (--metrics.progress_seconds), set once by the trainer from its config.
+_cadence = {"quiet": QUIET_SECONDS, "every": EVERY_SECONDS}
+
+
+def set_cadence(seconds: float) -> None:
+    """Phases print once past ``seconds``, then every ``seconds`` (at least one second apart)."""
+    _cadence.update(quiet=seconds, every=max(seconds, 1.0))
 
 
 def format_duration(seconds: float) -> str:
@@ -52,16 +60,18 @@ class Phase:
         unit: str = "",
         *,
         log: Callable[[str], None] | None = None,
-        quiet_seconds: float = QUIET_SECONDS,
-        every_seconds: float = EVERY_SECONDS,
+        quiet_seconds: float | None = None,
+        every_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.what, self.total, self.unit = what, total, unit
         self.log = log or logger.info
-        self.quiet_seconds, self.every_seconds, self.clock = quiet_seconds, every_seconds, clock
+        self.quiet_seconds = _cadence["quiet"] if quiet_seconds is None else quiet_seconds
+        self.every_seconds = _cadence["every"] if every_seconds is None else every_seconds
+        self.clock = clock
         self.done = 0.0
         self.start = self.clock()
-        self._next_line = self.start + quiet_seconds
+        self._next_line = self.start + self.quiet_seconds
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from torch.distributed.tensor import DTensor
-from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
@@ -172,6 +172,23 @@ class Qwen3CheckpointManager(CheckpointManager):
                     "give a non-finite loss: use another checkpoint (an earlier step, or the original weights)"
                 )
         return loaded
+
+    def save_weights_as_step_zero(self) -> Path:
+        """The model's weights as loaded (torchtitan's names, each rank its shards) as the checkpoint ``step-0``:
+        torchtitan loads a step-0 checkpoint as weights only, so a run on this checkpoint folder starts from them
+        (and ``--checkpoint.initial_load_path`` takes it from another run's folder). What torchtitan users script
+        by hand to convert Hugging Face weights; here the trainer's own loading and DCP writing do it."""
+        folder = Path(self.folder)
+        target = folder / "step-0"
+        folder.mkdir(parents=True, exist_ok=True)
+        check_free_space(folder, self.checkpoint_bytes, "the converted checkpoint")
+        if self.model_record is not None and _is_writer():
+            write_model_record(folder, self.model_record)
+        with Phase(f"writing the weights ({self.checkpoint_bytes / 1e9:.2f} GB) to {target}"):
+            self.dcp_save(
+                self.states[MODEL].state_dict(), checkpoint_id=str(target), async_mode=AsyncMode.DISABLED
+            )
+        return target
 
     # -- Hugging Face export ---------------------------------------------------------------------
 

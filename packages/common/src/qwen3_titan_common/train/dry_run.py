@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import re
 import sys
-from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,103 +38,13 @@ class PlannedJob(Protocol):
     config: str
     nproc_per_node: int
     nnodes: int
+    device_kind: str | None  # of a job that runs here; None for a job planned for other machines
+    memory_per_rank: str | None  # stated with --memory-per-rank: GiB, or a device named in perf.fit
 
     @property
     def world_size(self) -> int: ...
 
     def titan_args(self) -> list[str]: ...
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    params_per_rank: int
-    trainable_per_rank: int
-    param_bytes: int
-    grad_bytes: int
-    optimizer_bytes: int
-    activation_bytes: int  # the decoder layers' and the output's (logits, their fp32 copy and gradient)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.param_bytes + self.grad_bytes + self.optimizer_bytes + self.activation_bytes
-
-
-def _local_numel(param) -> int:
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(param, DTensor):
-        return param.to_local().numel()
-    return param.numel()
-
-
-def _activation_bytes(config, layout, model_config) -> int:
-    # Per layer, per token, about 34 * hidden bytes of bf16 activations (twice that in fp32) are kept for
-    # backward without recomputation (Korthikanti et al. 2022, attention scores not
-    # materialised by SDPA); selective/full recomputation keeps far less. A rough
-    # upper bound for planning, not a measurement.
-    # The architecture (config.json) where the config has one, as every backend's does: not every
-    # backend's model config is torchtitan's Decoder.Config (hf-v5-backend's is not).
-    arch = getattr(config, "architecture", None)
-    hidden = arch.hidden_size if arch is not None else model_config.dim
-    layers = arch.num_hidden_layers if arch is not None else len(model_config.layers)
-    tokens = config.training.local_batch_size * config.training.seq_len
-    per_layer = 34 * hidden * tokens // (layout.tp * layout.cp)
-    if config.training.mixed_precision_param == "float32":
-        per_layer *= 2
-    if config.activation_checkpoint is not None:
-        per_layer //= 4
-    # The output at the model's vocabulary, which no recomputation shrinks: the logits in the compute
-    # precision, the loss's fp32 copy of them and their fp32 gradient (a 151,936-token vocabulary makes this
-    # the largest term at short sequences).
-    vocab = arch.vocab_size if arch is not None else model_config.vocab_size
-    compute_bytes = 4 if config.training.mixed_precision_param == "float32" else 2
-    output = tokens * vocab * (compute_bytes + 4 + 4) // layout.tp
-    return per_layer * layers + output
-
-
-def _estimate(model, config, layout, model_config) -> MemoryEstimate:
-    numel = sum(_local_numel(p) for p in model.parameters())
-    # Gradients and optimizer state only for what trains (a LoRA run: the adapters).
-    trainable = sum(_local_numel(p) for p in model.parameters() if p.requires_grad)
-    fp32 = 4
-    return MemoryEstimate(
-        params_per_rank=numel,
-        trainable_per_rank=trainable,
-        param_bytes=numel * fp32,
-        grad_bytes=trainable * fp32,
-        optimizer_bytes=2 * trainable * fp32,  # AdamW: two fp32 moments
-        activation_bytes=_activation_bytes(config, layout, model_config),
-    )
-
-
-def _fits_here(plan: PlannedJob, config, estimate: MemoryEstimate) -> bool:
-    """For a job on this machine (no --nproc): the estimate against a rank's memory here, in one line;
-    False, with the largest batch that would fit, when it does not fit."""
-    from qwen3_titan_common.perf.fit import largest_batch, rank_memory, verdict
-
-    kind = getattr(plan, "device_kind", None)
-    memory = rank_memory(kind, plan.nproc_per_node) if kind else None
-    if memory is None:
-        return True
-    needed = estimate.total_bytes
-    said = verdict(needed, memory)
-    line = f"~{needed / GIB:.2f} GiB per rank estimated, {memory.bytes_per_rank / GIB:.1f} GiB per rank here ({memory.described})"
-    if said != "does not fit":
-        print(f"[dry-run] memory {said}: {line}")
-        return True
-    batch = config.training.local_batch_size
-    fits = largest_batch(needed - estimate.activation_bytes, estimate.activation_bytes, batch, memory)
-    hint = (
-        f"--training.local_batch_size (--batch-size) {fits} fits by the same estimate"
-        if fits >= 1
-        else "no batch fits by the same estimate: shard over more ranks (--nproc, --nnodes) or train LoRA adapters"
-    )
-    print(
-        f"train: --training.local_batch_size {batch} (--batch-size) x --training.seq_len "
-        f"{config.training.seq_len}: does not fit, {line}; {hint}",
-        file=sys.stderr,
-    )
-    return False
 
 
 def fake_rank_env(plan: PlannedJob) -> None:
@@ -152,6 +62,16 @@ def fake_rank_env(plan: PlannedJob) -> None:
     )
 
 
+_SUBCOMMAND = re.compile(r"[a-z][a-z0-9-]*:[a-z0-9-]+")
+
+
+def before_subcommands(args: list[str], extra_flags: tuple[str, ...]) -> list[str]:
+    """``args`` with ``extra_flags`` added before the first subcommand (``activation-checkpoint:full``): tyro
+    applies the flags after a subcommand to that subcommand."""
+    at = next((i for i, arg in enumerate(args) if _SUBCOMMAND.fullmatch(arg)), len(args))
+    return [*args[:at], *extra_flags, *args[at:]]
+
+
 def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any:
     """torchtitan's config for this launch, parsed as a rank parses it; a rejected flag is one line.
 
@@ -167,7 +87,7 @@ def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any
     captured = io.StringIO()
     try:
         with redirect_stdout(captured), redirect_stderr(captured):
-            return ConfigManager().parse_args([*plan.titan_args(), *extra_flags])
+            return ConfigManager().parse_args(before_subcommands(plan.titan_args(), extra_flags))
     except UserInputError:
         raise
     except SystemExit:
@@ -233,11 +153,20 @@ def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
 
 def dry_run(plan: PlannedJob) -> int:
     """Lay out and shard rank 0 of ``plan`` after every check its ranks would run."""
+    from qwen3_titan_common.train.memory_check import (
+        does_not_fit,
+        estimate_rank0,
+        fit_line,
+        job_device_kind,
+        local_numel,
+        rank_memory_of,
+    )
+
+    job_device = job_device_kind(plan)  # before the fake rank's environment names the CPU
     fake_rank_env(plan)
     config, pending = checked_config(plan)
     import torch
-    from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.parallel_dims import ParallelDims
+    import torch.distributed as dist
 
     try:
         layout = resolve_layout(config.parallelism, plan.world_size)
@@ -252,55 +181,42 @@ def dry_run(plan: PlannedJob) -> int:
     other = "; another device's: --training.mixed_precision_param" if asked == default.dtype else ""
     print(f"[dry-run] precision: {precision_line(asked, 'cpu', default)}{other}")
 
-    dist_utils.init_distributed(config.comm)
-    parallel_dims = ParallelDims.from_config(config.parallelism, plan.world_size)
-    parallel_dims.build_mesh()
-
-    spec = config.model_spec
-    model_config = spec.model
-    model_config.update_from_config(config=config)
-    with torch.device("meta"):
-        model = model_config.build()
-    total = sum(p.numel() for p in model.parameters())
-    if parallel_dims.pp_enabled:
-        print("[dry-run] pipeline parallel: sharding per stage is not simulated; totals below are unsharded")
-    else:
-        model = spec.parallelize_fn(
-            model,
-            parallel_dims=parallel_dims,
-            training=config.training,
-            parallelism=config.parallelism,
-            compile_config=config.compile,
-            ac_config=config.activation_checkpoint,
-            dump_folder=config.dump_folder,
+    try:
+        job, estimate = estimate_rank0(plan, config, job_device)
+        with torch.device("meta"):
+            total = sum(p.numel() for p in job.spec.model.build().parameters())
+        if job.parallel_dims.pp_enabled:
+            print(
+                "[dry-run] pipeline parallel: sharding per stage is not simulated; totals below are unsharded"
+            )
+        model = job.sharded_model(config.activation_checkpoint)
+        params = sum(local_numel(p) for p in model.parameters())
+        trainable = sum(local_numel(p) for p in model.parameters() if p.requires_grad)
+        del model
+        trained = "" if trainable == params else f" ({trainable:,} of them trainable: LoRA adapters)"
+        print(
+            f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {params:,} on rank 0{trained}"
         )
-    if getattr(model, "enable_weight_tying", False):
-        # As torchtitan's init_states does: sharding replaced the tied parameter.
-        model.tok_embeddings.weight = model.lm_head.weight
-    estimate = _estimate(model, config, layout, model_config)
-    trained = (
-        ""
-        if estimate.trainable_per_rank == estimate.params_per_rank
-        else (f" ({estimate.trainable_per_rank:,} of them trainable: LoRA adapters)")
-    )
-    print(
-        f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, "
-        f"{estimate.params_per_rank:,} on rank 0{trained}"
-    )
-    print(
-        "[dry-run] memory per rank (fp32 params + grads + AdamW, "
-        f"{'bf16' if config.training.mixed_precision_param == 'bfloat16' else 'fp32'} activations, estimate): "
-        f"params {estimate.param_bytes / GIB:.2f} GiB, grads {estimate.grad_bytes / GIB:.2f} GiB, "
-        f"optimizer {estimate.optimizer_bytes / GIB:.2f} GiB, activations ~{estimate.activation_bytes / GIB:.2f} GiB"
-        f" (batch {config.training.local_batch_size} x seq {config.training.seq_len}); "
-        f"total ~{estimate.total_bytes / GIB:.2f} GiB"
-    )
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
+        compute = "bf16" if config.training.mixed_precision_param == "bfloat16" else "fp32"
+        print(
+            f"[dry-run] memory per rank at the step's peak (batch {config.training.local_batch_size} x seq "
+            f"{config.training.seq_len}, {compute} compute, torch's memory tracker over a fake step, steady "
+            f"state), GiB: {estimate.describe()}"
+        )
+        memory = rank_memory_of(plan, plan.device_kind)
+        fits = True
+        if memory is not None:
+            said, line = fit_line(plan, estimate, memory)
+            fits = said != "does not fit"
+            if fits:
+                print(f"[dry-run] memory {said}: {line}")
+            else:
+                print(f"train: {does_not_fit(job, estimate, line, memory)}", file=sys.stderr)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
     ranks = f"{plan.world_size} ranks ({plan.nnodes} node(s) x {plan.nproc_per_node})"
-    if not _fits_here(plan, config, estimate):
+    if not fits:
         return 2
     if pending:
         for note in pending:
@@ -310,3 +226,75 @@ def dry_run(plan: PlannedJob) -> int:
         print(f"[dry-run] ok: {ranks}")
     sys.stdout.flush()
     return 0
+
+
+@contextmanager
+def as_fake_rank(plan: PlannedJob):
+    """This process as rank 0 of ``plan`` on torchtitan's fake process group, and as it was afterwards."""
+    import torch.distributed as dist
+
+    saved = dict(os.environ)
+    fake_rank_env(plan)
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _model_dir_of(args: list[str]) -> str | None:
+    """The ``--hf.model_dir`` among torchtitan ``args``."""
+    at = args.index("--hf.model_dir") + 1 if "--hf.model_dir" in args else len(args)
+    return args[at] if at < len(args) else None
+
+
+def check_before_launch(plan: PlannedJob) -> list[str]:
+    """For a job on this machine whose memory matters (Hugging Face weights of real size, where a step that does
+    not fit fails after minutes of loading, or ``--memory-per-rank``): the estimate against a rank's memory, in
+    one line, before torchrun starts. Refuses a job that does not fit (UserInputError, with what fits); a run
+    that names no batch gets the largest that fits, up to its config's, and the torchtitan flags that set it are
+    returned."""
+    from qwen3_titan_common.perf.memory import safetensors_bytes
+    from qwen3_titan_common.train.memory_check import (
+        BATCH_FLAGS,
+        REAL_SIZE_BYTES,
+        does_not_fit,
+        estimate_rank0,
+        fit_line,
+        job_device_kind,
+        largest_fitting_batch,
+        rank_memory_of,
+    )
+
+    if "--hf.to_dcp" in plan.passthrough:
+        return []  # a conversion trains no step
+    device = job_device_kind(plan)
+    if plan.nnodes > 1 or not device or (device == "cuda" and not plan.memory_per_rank):
+        return []  # a CUDA memory query would hold a CUDA context in the launcher for the whole run
+    if not plan.memory_per_rank and safetensors_bytes(_model_dir_of(plan.passthrough)) < REAL_SIZE_BYTES:
+        return []
+    with as_fake_rank(plan):
+        config, _ = checked_config(plan)
+        job, estimate = estimate_rank0(plan, config, device)
+        memory = rank_memory_of(plan, device)
+        if memory is None:
+            return []
+        said, line = fit_line(plan, estimate, memory)
+        if said != "does not fit":
+            print(f"[train] memory {said}: {line}", file=sys.stderr)
+            return []
+        fitting = None
+        if not any(flag in plan.passthrough for flag in BATCH_FLAGS):
+            fitting = largest_fitting_batch(job, estimate, memory)
+        if fitting is None:
+            raise UserInputError(does_not_fit(job, estimate, line, memory))
+        batch, tried = fitting
+        _, fitted = fit_line(plan, tried, memory)
+        print(
+            f"[train] memory: batch {batch} per rank (the config's {config.training.local_batch_size} does not "
+            f"fit), {fitted}; --batch-size sets it",
+            file=sys.stderr,
+        )
+        return ["--training.local_batch_size", str(batch)]

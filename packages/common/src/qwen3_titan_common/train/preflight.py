@@ -225,11 +225,36 @@ def _check_loader_workers(loader) -> None:
             )
 
 
+def _check_conversion(config) -> None:
+    """``--hf.to_dcp`` writes step-0 into the run's checkpoint folder: it needs weights to convert, a folder that
+    holds no step yet (a run on it resumes its newest step, not step-0), and checkpoints on."""
+    from qwen3_titan_common.hf.start import absolute
+
+    if not config.hf.model_dir:
+        raise UserInputError("--hf.to_dcp: converts --hf.model_dir (--hf-model DIR), and none is given")
+    checkpoint = config.checkpoint
+    if not checkpoint.enable or not getattr(checkpoint, "save_steps", True):
+        raise UserInputError("--hf.to_dcp writes a torchtitan checkpoint: not with --checkpoint.no-enable")
+    folder = Path(absolute(config.dump_folder)) / checkpoint.folder
+    held = sorted(entry.name for entry in folder.glob("step-*")) if folder.is_dir() else []
+    if held:
+        raise UserInputError(
+            f"{folder}: already holds {', '.join(held[:3])}; --hf.to_dcp writes step-0 into a checkpoint folder "
+            "without steps (a run resumes its newest step): pass another --out"
+        )
+
+
 def _check_flags(config) -> None:
+    hf = getattr(config, "hf", None)
+    if hf is not None and hf.to_dcp:
+        _check_conversion(config)
     _check_optimizer(config.optimizer)
     _check_schedule(config)
     _check_loader_workers(config.dataloader)
     _positive("--metrics.log_freq", getattr(getattr(config, "metrics", None), "log_freq", 1))
+    progress = getattr(getattr(config, "metrics", None), "progress_seconds", 5.0)
+    if not 0 <= progress < float("inf"):
+        raise UserInputError(f"--metrics.progress_seconds {progress}: expected seconds, 0 or more")
     training = config.training
     _positive("--training.steps", training.steps)
     _positive("--training.local_batch_size", training.local_batch_size)

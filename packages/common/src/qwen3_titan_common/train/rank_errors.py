@@ -89,7 +89,7 @@ def translate(error: BaseException, where: str, model_dir: str | None = None) ->
             return RunStoppedError(
                 f"out of memory in rank {os.environ.get('RANK', '0')} ({reason[:160]}); lower "
                 "--training.local_batch_size (--batch-size) or --training.seq_len (--seq-len), recompute "
-                "activations (--activation_checkpoint.mode full), or shard over more ranks; `train --dry-run` "
+                "activations (activation-checkpoint:full as the last argument), or shard over more ranks; `train --dry-run` "
                 "with the same flags estimates the memory per rank"
             )
         if type(link).__name__ == "SafetensorError":

@@ -49,6 +49,8 @@ class RunSummary:
     )
     losses: list[list[float]] | None = None  # [step, loss] of the logged steps (perf.run_progress keeps them)
     ranks: int = 1  # the job's ranks: tokens and tokens/s are all of theirs, a step line's tps one rank's
+    converted: str | None = None  # --hf.to_dcp: the torchtitan checkpoint written, no step trained
+    source: str | None = None  # ... from this Hugging Face directory
 
     def write(self, path: str | os.PathLike) -> None:
         """Atomically: the launcher reads a complete file or none."""
@@ -104,6 +106,17 @@ def summary_lines(
     """The summary's lines. ``command``: how the run was launched (the resume line repeats it);
     ``python``: how to run Python in this environment (``uv run python``)."""
     s = summary
+    if s.converted:
+        lines = [
+            f"converted: {_shown(s.source or '?')} -> {_shown(s.converted)} (torchtitan checkpoint, weights only)"
+        ]
+        if command:
+            rest = [arg for arg in command if arg.replace("_", "-") not in ("--hf.to-dcp",)]
+            lines.append(f"train:     {shlex.join(rest)}   (starts from it: the same --out)")
+        lines.append(
+            f"elsewhere: --checkpoint.initial_load_path {_shown(s.converted)} --checkpoint.initial_load_model_only"
+        )
+        return lines
     if s.last_step is None:
         return ["done: no step was trained (the run had already reached --training.steps)"]
     took = _duration(wall_seconds if wall_seconds is not None else s.train_seconds)
@@ -197,6 +210,16 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
         ranks=getattr(getattr(trainer, "parallel_dims", None), "world_size", 1),
         **lora_fields,
     )
+
+
+def converted_summary(trainer, converted: str | os.PathLike) -> RunSummary:
+    """The summary of ``--hf.to_dcp``: where the weights came from and the checkpoint written."""
+    return RunSummary(
+        first_step=None, last_step=None, total_steps=0, tokens=0, train_seconds=0.0, tokens_per_second=None,
+        first_loss=None, final_loss=None, peak_memory_gib=None, memory_source="", checkpoint=None, export=None,
+        converted=str(Path(converted).resolve()), source=trainer.config.hf.model_dir,
+        ranks=getattr(getattr(trainer, "parallel_dims", None), "world_size", 1),
+    )  # fmt: skip
 
 
 def report(summary: RunSummary, log) -> None:

@@ -52,6 +52,7 @@ from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.perf.precision import precision_line
 from qwen3_titan_common.perf.progress import Phase
+from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.model_record import (
@@ -70,7 +71,7 @@ from qwen3_titan_common.train.router_balance import (
     with_router_balance,
 )
 from qwen3_titan_common.train.run_card import rank_module_and_config, run_card
-from qwen3_titan_common.train.summary import report, summary_of
+from qwen3_titan_common.train.summary import converted_summary, report, summary_of
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
 
@@ -91,6 +92,11 @@ class HFCheckpointConfig:
 
     export_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Tensor dtype on disk; auto = the loaded checkpoint's, float32 without one."""
+
+    to_dcp: bool = False
+    """Convert, do not train: load --hf.model_dir (on this run's layout) and write its weights as the torchtitan
+    checkpoint step-0 in the checkpoint folder, then stop. A run on that folder starts from it; another run
+    takes it with --checkpoint.initial_load_path DIR/step-0."""
 
     max_shard_size: str = "5GB"
     """Largest safetensors shard, e.g. 5GB, 500MB. Not transformers 5's 50GB: an export holds one shard in host
@@ -136,6 +142,7 @@ class Qwen3Trainer(Trainer):
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):
             self._start, config = self.checked(config)
+            set_progress_cadence(getattr(config.metrics, "progress_seconds", 5.0))
             self._dump_lock = hold_in_rank(config.dump_folder)
             leave_run_folders(config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder))
             config = self.capturable(config)
@@ -268,6 +275,12 @@ class Qwen3Trainer(Trainer):
 
     def train(self):
         with rank_errors(lambda: self.config):
+            if self.config.hf.to_dcp:
+                self.checkpointer.load(step=self.config.checkpoint.load_step)
+                converted = self.checkpointer.save_weights_as_step_zero()
+                if not dist.is_initialized() or dist.get_rank() == 0:
+                    report(converted_summary(self, converted), logger.info)
+                return
             self._train_steps()
             export = None
             if self.config.hf.export:

@@ -1,0 +1,178 @@
+"""A rank's peak memory in a training step, estimated before launch by torch's own memory tracker.
+
+The job's model, built and sharded as its rank 0 builds it (on torchtitan's fake process group, see
+``train.dry_run``), takes a training step on fake tensors: shapes, dtypes and devices, no storage and no
+arithmetic, so a 30B shape costs seconds. Torch's FSDP memory tracker (``torch.distributed._tools``, which
+torchtitan's own estimator used until it was removed) follows every tensor the step creates and frees, and
+reports the peak by kind: sharded parameters and gradients, the optimizer's state, activations and the
+backward's temporaries (the logits at the model's vocabulary, their fp32 copy and gradient included), FSDP's
+unsharded parameters and its all-gather and reduce-scatter buffers, in the precision the config computes in.
+The steady state is the second step's: AdamW creates its state in the first (``track_step``). This replaces a
+per-token rule of thumb that measured 0.5x of a real-width run: at a 151,936-token vocabulary the buffers of the
+tied embedding's gradient reduction and the optimizer's state outweigh the layers' activations at short
+sequences.
+
+What the tracker cannot see is the process. On the CPU a rank's measured peak is its resident memory, which
+starts at the interpreter with torch, torchtitan, transformers and the data libraries imported (the process
+that estimates has imported the same, so its resident memory before the model is built is that baseline),
+keeps about the safetensors files' size after reading Hugging Face weights, and holds gloo's copies of each
+collective's buffer while it runs (two, measured). A CUDA rank's peak is the caching allocator's (no
+baseline); a Neuron rank's runtime keeps its own share outside the 24 GiB per logical core of ``perf.fit``.
+Estimate against measured peaks: ``tools/bench_memory.py``, docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+# The tracker's kinds, grouped as the dry run prints them (FSDP's tracker and the plain one name them apart).
+_KINDS = {
+    "params": ("Sharded Param", "Parameter", "Buffer"),
+    "grads": ("Sharded Grad", "Gradient"),
+    "optimizer": ("OptState", "Optstate"),
+    "activations": ("Activation", "Temp", "Inputs", "Other"),
+    "FSDP buffers": ("Unsharded Param", "Unsharded Grad", "All Gather", "Reduce Scatter"),
+}
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """One rank's memory at the peak of a training step, by kind, and the process's own."""
+
+    batch: int
+    by_kind: dict[str, int]  # the tensors live at the step's peak, grouped as in _KINDS
+    baseline_bytes: int  # the process's own: its imports and the weights it read, on the CPU; else 0
+
+    @property
+    def step_bytes(self) -> int:
+        return sum(self.by_kind.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return self.step_bytes + self.baseline_bytes
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in self.by_kind.items())
+        process = f" + process {self.baseline_bytes / GIB:.2f}" if self.baseline_bytes else ""
+        return f"{kinds}{process}; total ~{self.total_bytes / GIB:.2f} GiB"
+
+
+def grouped(by_tracker_kind: dict[str, int]) -> dict[str, int]:
+    """The tracker's kinds summed into the groups the dry run prints; a kind it does not know is an activation."""
+    out = dict.fromkeys(_KINDS, 0)
+    for kind, nbytes in by_tracker_kind.items():
+        group = next((name for name, kinds in _KINDS.items() if kind in kinds), "activations")
+        out[group] += nbytes
+    return out
+
+
+def safetensors_bytes(model_dir: str | None) -> int:
+    """The size of a Hugging Face directory's safetensors files (0 without a directory)."""
+    from pathlib import Path
+
+    folder = Path(model_dir).expanduser() if model_dir else None
+    if folder is None or not folder.is_dir():
+        return 0
+    return sum(path.stat().st_size for path in folder.glob("*.safetensors"))
+
+
+def weights_read_bytes(model_dir: str | None, device_kind: str) -> int:
+    """On the CPU, what loading a Hugging Face directory leaves resident: its safetensors files' size (measured: a
+    rank's host memory grows by about the files' size while torch's reader loads them, and stays there)."""
+    return safetensors_bytes(model_dir) if device_kind == "cpu" else 0
+
+
+def process_baseline_bytes(device_kind: str) -> int:
+    """What a rank holds before its model on ``device_kind``: this process's resident memory on the CPU (it has
+    imported what a rank imports), nothing on an accelerator (the allocator counts only tensors)."""
+    if device_kind != "cpu":
+        return 0
+    try:
+        with open("/proc/self/statm") as statm:
+            import os
+
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+
+
+def track_step(
+    build: Callable[[], object],
+    build_optimizer: Callable[[object], object],
+    *,
+    batch: int,
+    seq_len: int,
+    vocab_size: int,
+    packed: bool,
+    baseline_bytes: int,
+    device: str = "cpu",
+    gloo: bool = False,
+) -> StepMemory:
+    """The steady-state peak of a training step of the model ``build()`` returns, on fake ``batch x seq_len`` rows.
+
+    One step is tracked: the next one differs only in holding AdamW's moments from the start, so its peak is
+    this step's forward-and-backward peak plus the moments, or the end of the optimizer step, whichever is
+    larger (tracking a second step doubles the time).
+
+    ``build`` constructs the sharded model, called under fake tensors (parameters it puts on the meta device
+    are materialised as fake tensors on ``device``); ``build_optimizer`` its optimizer. ``packed`` rows carry
+    positions, so the model builds its per-document mask as a real run's does. ``gloo``: the job's collectives
+    run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold two copies of their
+    buffer while they run (measured, ``docs/performance.md``), outside any tensor the tracker sees: they are
+    added for each call.
+    """
+    import torch
+
+    from qwen3_titan_common.compat import (
+        fake_tensor_mode,
+        gloo_collective_copies,
+        step_memory_tracker,
+        tracker_current_by_kind,
+        tracker_peak_by_kind,
+    )
+
+    with fake_tensor_mode():
+        model = build()
+        if any(param.is_meta for param in model.parameters()):
+            model.to_empty(device=device)
+        if getattr(model, "enable_weight_tying", False):
+            model.tok_embeddings.weight = model.lm_head.weight  # as torchtitan's init_states re-ties
+        model.train()
+        params = list(model.parameters())
+        optimizer = build_optimizer(model)
+        tokens = torch.randint(0, vocab_size, (batch, seq_len), device=device)
+        labels = torch.randint(0, vocab_size, (batch, seq_len), device=device)
+        kwargs = {}
+        if packed:
+            kwargs["positions"] = torch.arange(seq_len, device=device).repeat(batch, 1)
+        tracker = step_memory_tracker(model, optimizer, (tokens, labels))
+        with tracker, gloo_collective_copies(2) if gloo else contextlib.nullcontext():
+            logits = model(tokens, **kwargs)
+            # torchtitan's loss: fp32 cross-entropy over the flattened logits.
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+            del logits
+            loss.backward()
+            forward_backward = grouped(tracker_peak_by_kind(tracker))
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            optimizer.step()
+            # Parameters, gradients and AdamW's moments (created by this first step, kept for the next).
+            after_step = grouped(tracker_current_by_kind(tracker))
+            optimizer.zero_grad()
+        with_state = {
+            **forward_backward,
+            "optimizer": forward_backward["optimizer"] + after_step["optimizer"],
+        }
+        # The steady state's peak: the next step's forward and backward with the moments alive, or the end of the
+        # optimizer step. Not the tracker's peak inside the step: on sharded (DTensor) parameters it also counts
+        # the global-shape tensors DTensor's sharding propagation creates on fake tensors (60 GiB per rank for
+        # Qwen3-4B on 64 ranks, whose moments are 0.75 GiB); the fused AdamW updates in place.
+        by_kind = max(with_state, after_step, key=lambda kinds: sum(kinds.values()))
+    return StepMemory(batch=batch, by_kind=by_kind, baseline_bytes=baseline_bytes)

@@ -1,0 +1,197 @@
+"""Whether a job fits its ranks' memory: the estimate of ``perf.memory`` for rank 0 of the planned job, laid out
+on torchtitan's fake process group, against the memory a rank has, and settings that fit when it does not.
+
+The dry run prints it, and a real launch on this machine checks it before torchrun starts when it matters
+(``train.dry_run``: ``dry_run``, ``check_before_launch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from qwen3_titan_common.perf.memory import StepMemory
+
+GIB = 1024**3
+# Hugging Face weights from this size up are "real size": a launch estimates their memory before torchrun
+# (about 5-30 s); smaller ones (the tests' and the embedded model) start at once.
+REAL_SIZE_BYTES = 10**9
+# The flags that set the per-rank batch; without one, a real-size run gets the largest batch that fits, up to
+# its config's.
+BATCH_FLAGS = ("--training.local_batch_size", "--training.global_batch_size")
+
+
+def local_numel(param) -> int:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(param, DTensor):
+        return param.to_local().numel()
+    return param.numel()
+
+
+@dataclass
+class JobModel:
+    """What the memory estimate builds again for each setting it tries: the config, its model and its mesh."""
+
+    config: Any
+    spec: Any
+    parallel_dims: Any
+    device_kind: str  # of the job's ranks ('' when unknown)
+
+    def sharded_model(self, ac_config):
+        """Rank 0's model on the meta device, sharded as the backend's parallelize function shards it."""
+        import torch
+
+        with torch.device("meta"):
+            model = self.spec.model.build()
+        if not self.parallel_dims.pp_enabled:
+            model = self.spec.parallelize_fn(
+                model,
+                parallel_dims=self.parallel_dims,
+                training=self.config.training,
+                parallelism=self.config.parallelism,
+                compile_config=self.config.compile,
+                ac_config=ac_config,
+                dump_folder=self.config.dump_folder,
+            )
+        if getattr(model, "enable_weight_tying", False):
+            # As torchtitan's init_states does: sharding replaced the tied parameter.
+            model.tok_embeddings.weight = model.lm_head.weight
+        return model
+
+    def step_memory(self, *, batch: int, ac_config, baseline_bytes: int) -> StepMemory:
+        from qwen3_titan_common.perf.memory import track_step
+
+        config = self.config
+        arch = getattr(config, "architecture", None)
+        vocab = arch.vocab_size if arch is not None else self.spec.model.vocab_size
+        return track_step(
+            lambda: self.sharded_model(ac_config),
+            lambda model: config.optimizer.build(model_parts=[model]),
+            batch=batch,
+            seq_len=config.training.seq_len,
+            vocab_size=vocab,
+            packed=bool(getattr(getattr(config, "dataloader", None), "packing", False)),
+            baseline_bytes=baseline_bytes,
+            gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
+        )
+
+
+def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
+    """('fits' | 'near the limit' | 'does not fit', the estimate against the memory in words)."""
+    from qwen3_titan_common.perf.fit import verdict
+
+    needed = estimate.total_bytes
+    here = "" if plan.memory_per_rank else " here"
+    return verdict(needed, memory), (
+        f"~{needed / GIB:.2f} GiB per rank estimated, {memory.bytes_per_rank / GIB:.1f} GiB per rank{here} "
+        f"({memory.described})"
+    )
+
+
+def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory) -> str:
+    """The one line that refuses the job, with what fits by the same estimate."""
+    config = job.config
+    fitting = largest_fitting_batch(job, estimate, memory)
+    found = []
+    if fitting is not None:
+        batch, tried = fitting
+        found.append(
+            f"--training.local_batch_size (--batch-size) {batch} (~{tried.total_bytes / GIB:.2f} GiB)"
+        )
+    recomputed = _with_full_recomputation(job, estimate)
+    if recomputed is not None and recomputed.total_bytes <= memory.bytes_per_rank:
+        found.append(
+            f"activation-checkpoint:full as the last argument (~{recomputed.total_bytes / GIB:.2f} GiB)"
+        )
+    hint = (
+        "fits by the same estimate: " + "; or ".join(found)
+        if found
+        else "no smaller batch or recomputation fits by the same estimate: shard over more ranks (--nproc, "
+        "--nnodes) or train LoRA adapters"
+    )
+    return (
+        f"--training.local_batch_size {config.training.local_batch_size} (--batch-size) x --training.seq_len "
+        f"{config.training.seq_len}: does not fit, {line}; {hint}"
+    )
+
+
+def largest_fitting_batch(job: JobModel, estimate: StepMemory, memory) -> tuple[int, StepMemory] | None:
+    """The largest batch below the job's that fits, each candidate tracked like the job; None if even 1 does not."""
+    from qwen3_titan_common.perf.fit import largest_batch
+
+    batch = job.config.training.local_batch_size
+    ac = job.config.activation_checkpoint
+    if batch <= 1:
+        return None
+    one = job.step_memory(batch=1, ac_config=ac, baseline_bytes=estimate.baseline_bytes)
+    if one.total_bytes > memory.bytes_per_rank:
+        return None
+    # Activations grow with the batch; the rest does not: the first candidate on the line through both.
+    per_row = max(1, (estimate.total_bytes - one.total_bytes) // (batch - 1))
+    candidate = min(largest_batch(one.total_bytes - per_row, per_row, 1, memory), batch - 1)
+    while candidate > 1:
+        tried = job.step_memory(batch=candidate, ac_config=ac, baseline_bytes=estimate.baseline_bytes)
+        if tried.total_bytes <= memory.bytes_per_rank:
+            return candidate, tried
+        candidate = candidate * 3 // 4 if candidate > 4 else candidate - 1
+    return 1, one
+
+
+def _with_full_recomputation(job: JobModel, estimate: StepMemory) -> StepMemory | None:
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    ac = job.config.activation_checkpoint
+    if isinstance(ac, FullAC.Config):
+        return None
+    batch = job.config.training.local_batch_size
+    return job.step_memory(batch=batch, ac_config=FullAC.Config(), baseline_bytes=estimate.baseline_bytes)
+
+
+def job_device_kind(plan) -> str:
+    """The device kind of the job's ranks: a device named by --memory-per-rank; else, for a one-node job, this
+    machine's (with --nproc too: its ranks run on this machine's devices); '' for a job on other nodes."""
+    from qwen3_titan_common.perf.fit import NAMED_DEVICES
+
+    if plan.memory_per_rank and plan.memory_per_rank.strip().lower() in NAMED_DEVICES:
+        return "neuron" if plan.memory_per_rank.strip().lower().startswith("trn") else "cuda"
+    if plan.device_kind:
+        return plan.device_kind
+    if plan.nnodes > 1:
+        return ""
+    from qwen3_titan_common.runtime.device import detect_device
+
+    return detect_device().kind
+
+
+def rank_memory_of(plan, device: str | None = None):
+    """The memory one rank has: stated (--memory-per-rank), else that of a rank on ``device`` here (the dry run
+    passes this machine's kind only for a job here, without --nproc), else unknown."""
+    from qwen3_titan_common.perf.fit import rank_memory, stated_memory
+
+    if plan.memory_per_rank:
+        return stated_memory(plan.memory_per_rank)
+    return rank_memory(device, plan.nproc_per_node) if device else None
+
+
+def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory]:
+    """Rank 0 of ``plan`` on torchtitan's fake process group (initialised here; the caller destroys it): its model
+    and its step's memory at the config's batch. The process must be a fake rank already (``fake_rank_env``)."""
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    from qwen3_titan_common.perf.memory import process_baseline_bytes, weights_read_bytes
+
+    # Before the model: what a rank of a one-node job on this machine's CPU holds of its own, and what reading
+    # its weights leaves there.
+    baseline = process_baseline_bytes(device_kind) + weights_read_bytes(
+        getattr(getattr(config, "hf", None), "model_dir", None), device_kind
+    )
+    dist_utils.init_distributed(config.comm)
+    parallel_dims = ParallelDims.from_config(config.parallelism, plan.world_size)
+    parallel_dims.build_mesh()
+    spec = config.model_spec
+    spec.model.update_from_config(config=config)
+    job = JobModel(config, spec, parallel_dims, device_kind)
+    batch = config.training.local_batch_size
+    return job, job.step_memory(batch=batch, ac_config=config.activation_checkpoint, baseline_bytes=baseline)

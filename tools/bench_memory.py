@@ -1,0 +1,161 @@
+"""Benchmark: the dry run's memory estimate against the peak a real run measures, one row per setting.
+
+    uv run python tools/bench_memory.py [--quick] [--json FILE]
+
+Each row runs ``train --dry-run`` (rank 0's estimate: torch's memory tracker over two fake steps, plus the
+process's own memory on the CPU, ``perf.memory``) and then the same command for real, three steps (the
+optimizer's state exists from the second), and compares the estimate with the largest peak the step lines
+print (rank 0's host RSS on the CPU, the caching allocator's reserved bytes on CUDA). Both sides in the same
+run, same flags. Target (issue 39): every row within 15%.
+
+The rows: the debug configs (dense and MoE), and a real-width Qwen3 (Qwen3-0.6B's hidden size, heads and
+151,936-token vocabulary, cut to 4 and 8 layers, written by transformers' ``save_pretrained`` in bf16 as the
+published weights are) at batch 1-8 and seq 256-1024, with and without activation checkpointing, on 1 and 2
+ranks. The machine's 2 cores set the sizes: a real-width step of 4,096 tokens takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+TARGET = 0.15
+STEPS = 3
+_ESTIMATE = re.compile(r"total ~([0-9.]+) GiB")
+_KINDS = re.compile(r"GiB: (.*?); total")
+# Qwen3-0.6B's shape (config.json of Qwen/Qwen3-0.6B), cut to fewer layers.
+REAL_WIDTH = dict(
+    hidden_size=1024, num_attention_heads=16, num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+    vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645, pad_token_id=151643,
+)  # fmt: skip
+QUIET = (
+    "--checkpoint.no-enable",
+    "--hf.no-export",
+    "--validator.no-enable",
+    "--metrics.no-enable-tensorboard",
+)
+
+
+def make_real_width(directory: Path, layers: int) -> Path:
+    """A real-width Qwen3 of ``layers`` layers with the real Qwen3 tokenizer beside it."""
+    import torch
+    from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(**REAL_WIDTH, num_hidden_layers=layers, dtype="bfloat16")
+    Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(directory)
+    qwen3_tokenizer_dir(directory)
+    return directory
+
+
+def rows(models: dict[str, Path], quick: bool) -> list[tuple[str, str, list[str]]]:
+    """(name, package, train arguments) per row."""
+    w4, w8 = ["--hf-model", str(models["w4"])], ["--hf-model", str(models["w8"])]
+
+    def shape(batch: int, seq: int) -> list[str]:
+        return ["--batch-size", str(batch), "--seq-len", str(seq)]
+
+    table = [
+        ("debug dense, batch 8 x 256", "native-backend", []),
+        ("debug MoE, batch 8 x 256", "nki-moe-backend", []),
+        ("real width 4 layers, batch 1 x 256", "native-backend", [*w4, *shape(1, 256)]),
+        ("real width 4 layers, batch 8 x 256", "native-backend", [*w4, *shape(8, 256)]),
+        ("real width 4 layers, batch 2 x 1024", "native-backend", [*w4, *shape(2, 1024)]),
+        ("real width 4 layers, batch 2 x 1024, full AC", "native-backend",
+         [*w4, *shape(2, 1024), "activation-checkpoint:full"]),
+        ("real width 4 layers, batch 4 x 512, selective AC", "native-backend",
+         [*w4, *shape(4, 512), "activation-checkpoint:selective"]),
+        ("real width 8 layers, batch 1 x 1024", "native-backend", [*w8, *shape(1, 1024)]),
+        ("real width 4 layers, batch 1 x 512, 2 ranks (FSDP)", "native-backend",
+         [*w4, *shape(1, 512), "--nproc", "2"]),
+        ("real width 4 layers, batch 2 x 512, hf-v5", "hf-v5-backend", [*w4, *shape(2, 512)]),
+    ]  # fmt: skip
+    return table[:4] if quick else table
+
+
+def _with_flags(args: list[str], flags: list[str]) -> list[str]:
+    """``flags`` before a trailing subcommand (tyro applies what follows a subcommand to it)."""
+    if args and ":" in args[-1] and not args[-1].startswith("-"):
+        return [*args[:-1], *flags, args[-1]]
+    return [*args, *flags]
+
+
+def run_row(package: str, args: list[str], work: Path) -> dict:
+    from qwen3_titan_common.perf.train_log import parse_step_lines
+
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": package}
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    dry = subprocess.run(
+        [TRAIN, *_with_flags(args, ["--dry-run", "--out", str(out)])],
+        env=env, capture_output=True, text=True, cwd=work,
+    )  # fmt: skip
+    found = _ESTIMATE.search(dry.stdout)
+    if dry.returncode != 0 or not found:
+        raise RuntimeError(f"dry run failed ({dry.returncode}):\n{dry.stdout[-2000:]}{dry.stderr[-2000:]}")
+    start = time.perf_counter()
+    real = subprocess.run(
+        [TRAIN, *_with_flags(args, ["--steps", str(STEPS), *QUIET, "--out", str(out)])],
+        env=env, capture_output=True, text=True, cwd=work,
+    )  # fmt: skip
+    lines = parse_step_lines(real.stdout + real.stderr)
+    if real.returncode != 0 or len(lines) < STEPS:
+        raise RuntimeError(f"run failed ({real.returncode}):\n{(real.stdout + real.stderr)[-3000:]}")
+    estimate = float(found.group(1))
+    measured = max(line.memory_gib for line in lines if line.memory_gib is not None)
+    return {
+        "estimate_gib": estimate,
+        "measured_gib": measured,
+        "ratio": round(measured / estimate, 3),
+        "kinds": _KINDS.search(dry.stdout).group(1),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="the first four rows only")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    opts = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        models = {name: make_real_width(work / name, layers) for name, layers in (("w4", 4), ("w8", 8))}
+        print(
+            "| row | estimate GiB | measured peak GiB | measured / estimate | within 15% | estimate by kind |"
+        )
+        print("|---|---|---|---|---|---|")
+        for name, package, args in rows(models, opts.quick):
+            result = run_row(package, args, work) | {"row": name, "backend": package}
+            results.append(result)
+            ok = abs(result["ratio"] - 1) <= TARGET
+            print(
+                f"| {name} | {result['estimate_gib']:.2f} | {result['measured_gib']:.2f} | {result['ratio']:.3f} "
+                f"| {'yes' if ok else '**no**'} | {result['kinds']} |",
+                flush=True,
+            )
+    if opts.json:
+        opts.json.write_text(json.dumps(results, indent=1))
+    missed = [r["row"] for r in results if abs(r["ratio"] - 1) > TARGET]
+    print(
+        f"{len(results) - len(missed)}/{len(results)} rows within {TARGET:.0%}"
+        + (f"; missed: {missed}" if missed else "")
+    )
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

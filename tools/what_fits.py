@@ -1,0 +1,86 @@
+"""What fits where: the dry run's memory estimate for each recipe on Trainium2, H100, H200 and a laptop.
+
+    uv run python tools/what_fits.py [--only RECIPE]
+
+Each cell is ``train --dry-run --config C --nproc N --memory-per-rank DEVICE`` (``perf.memory``: torch's memory
+tracker over a fake step of the sharded model), at the recipe's own batch, sequence length and activation
+checkpointing: the estimate per rank and the verdict, and where it does not fit, what the dry run says fits
+by the same estimate. The README's table is this tool's output; ``tools/bench_memory.py`` measures the
+estimate against real runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TRAIN = str(Path(sys.executable).with_name("train"))
+RECIPES = (
+    ("Qwen3-0.6B", "native-backend", "qwen3_0_6b"),
+    ("Qwen3-1.7B", "native-backend", "qwen3_1_7b"),
+    ("Qwen3-4B", "native-backend", "native_qwen3_4b"),
+    ("Qwen3-30B-A3B", "nki-moe-backend", "qwen3_30b_a3b"),
+)
+# (column, ranks, --memory-per-rank): one trn2.48xlarge (64 logical cores at LNC=2), 8 GPUs, one laptop process.
+DEVICES = (
+    ("trn2.48xlarge, 64 ranks of 24 GiB", "64", "trn2"),
+    ("8 x H100 80 GB", "8", "h100"),
+    ("8 x H200 141 GB", "8", "h200"),
+    ("laptop, 1 rank of 16 GiB", "1", "16"),
+)
+_SHAPE = re.compile(r"at the step's peak \(batch (\d+) x seq (\d+), (\w+) compute")
+_TOTAL = re.compile(r"total ~([0-9.]+) GiB")
+_FITS = re.compile(r"fits by the same estimate: (.*)$")
+
+
+def cell(package: str, config: str, ranks: str, memory: str, work: Path) -> tuple[str, str]:
+    """(the recipe's shape, the cell's text) from one dry run."""
+    env = {**os.environ, "QWEN3_TITAN_BACKEND": package, "QWEN3_TITAN_DEVICE": "cpu"}
+    proc = subprocess.run(
+        [TRAIN, "--dry-run", "--config", config, "--nproc", ranks, "--memory-per-rank", memory],
+        env=env, capture_output=True, text=True, cwd=work,
+    )  # fmt: skip
+    shape, total = _SHAPE.search(proc.stdout), _TOTAL.search(proc.stdout)
+    if shape is None or total is None:
+        return "", f"dry run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:120]}"
+    described = f"batch {shape.group(1)} x {shape.group(2)}, {shape.group(3)}"
+    if proc.returncode == 0:
+        near = " (near the limit)" if "memory near the limit" in proc.stdout else ""
+        return described, f"fits, {total.group(1)} GiB{near}"
+    fits = _FITS.search(proc.stderr.strip().splitlines()[-1])
+    hint = (
+        fits.group(1).replace("--training.local_batch_size (--batch-size)", "batch")
+        if fits
+        else "no smaller batch"
+    )
+    return described, f"**no**, {total.group(1)} GiB; {hint}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", default=None, help="one recipe (its config name)")
+    opts = parser.parse_args()
+    print("| recipe (its batch x seq, precision) | " + " | ".join(name for name, _, _ in DEVICES) + " |")
+    print("|---|" + "---|" * len(DEVICES))
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, package, config in RECIPES:
+            if opts.only and config != opts.only:
+                continue
+            cells, shape = [], ""
+            for _, ranks, memory in DEVICES:
+                described, text = cell(package, config, ranks, memory, Path(tmp))
+                shape = shape or described
+                cells.append(text)
+            print(f"| {label} ({shape}) | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
