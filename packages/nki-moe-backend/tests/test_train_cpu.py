@@ -58,3 +58,6 @@ def test_recipe_config_lays_out_on_64_ranks(tmp_path):
     )
     assert "expert parallel 8" in log and "30,532,122,624 parameters, 477,064,416 on rank 0" in log
     assert "memory per rank" in log and "[dry-run] layout ok: 64 ranks" in log
+    # Expert parallelism selects tokens by their routing (a boolean mask): fake tensors cannot run that step, and
+    # the estimate says it is a rule of thumb instead.
+    assert "a rule of thumb: fake tensors cannot run this layout's data-dependent token routing" in log

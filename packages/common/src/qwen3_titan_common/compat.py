@@ -39,7 +39,8 @@ The seams:
 - :func:`lm_head_applied_by_loss`: torchtitan's Trainer tells a model that its chunked loss applies
   ``lm_head`` by setting ``model._skip_lm_head``.
 - :func:`fake_tensor_mode`, :func:`step_memory_tracker`, :func:`tracker_peak_by_kind`,
-  :func:`tracker_current_by_kind`, :func:`gloo_collective_copies`: torch's fake tensors
+  :func:`tracker_current_by_kind`, :func:`gloo_collective_copies`,
+  :func:`fake_tensor_data_dependent_errors`: torch's fake tensors
   (``torch._subclasses``) and its memory trackers (``torch.distributed._tools``: ``FSDPMemTracker`` for an
   FSDP model, ``MemTracker`` otherwise), which the memory estimate (``perf.memory``) runs one step under;
   torchtitan's own estimator used them until it was removed. :func:`gloo_collective_copies` adds what gloo's
@@ -319,19 +320,39 @@ def fake_tensor_mode():
     return FakeTensorMode()
 
 
+def _per_parameter_meshes(model) -> bool:
+    """Whether FSDP2 shards some module's parameters over several meshes (expert parallelism: the experts over
+    their own), as several parameter groups per module, which torch's FSDP tracker does not follow."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(
+        len(getattr(module._get_fsdp_state(), "_fsdp_param_groups", None) or ()) > 1
+        for module in model.modules()
+        if isinstance(module, FSDPModule)
+    )
+
+
 def step_memory_tracker(model, optimizer, inputs: tuple):
-    """torch's memory tracker for training steps of ``model`` on ``inputs``: FSDP's where FSDP2 shards the model."""
+    """torch's memory tracker for training steps of ``model`` on ``inputs``: FSDP's where FSDP2 shards the model
+    over one mesh per module, else the plain one (which sees the same tensors, FSDP's buffers as temporaries)."""
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.fsdp import FSDPModule
 
-    if isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule) and not _per_parameter_meshes(model):
         tracker = FSDPMemTracker(mod=model, optm=optimizer)
         tracker.track_inputs(inputs)
         return tracker
     tracker = MemTracker()
     tracker.track_external(model, optimizer, *inputs)
     return tracker
+
+
+def fake_tensor_data_dependent_errors() -> tuple[type[Exception], ...]:
+    """What fake tensors raise at an op whose output shape depends on the data (``nonzero``, a boolean mask)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    return (DynamicOutputShapeException, DataDependentOutputException)
 
 
 def gloo_collective_copies(copies: int):

@@ -47,6 +47,7 @@ class StepMemory:
     batch: int
     by_kind: dict[str, int]  # the tensors live at the step's peak, grouped as in _KINDS
     baseline_bytes: int  # the process's own: its imports and the weights it read, on the CPU; else 0
+    tracked: bool = True  # False: the rule of thumb, for a layout fake tensors cannot run (rule_of_thumb)
 
     @property
     def step_bytes(self) -> int:
@@ -176,3 +177,31 @@ def track_step(
         # Qwen3-4B on 64 ranks, whose moments are 0.75 GiB); the fused AdamW updates in place.
         by_kind = max(with_state, after_step, key=lambda kinds: sum(kinds.values()))
     return StepMemory(batch=batch, by_kind=by_kind, baseline_bytes=baseline_bytes)
+
+
+def rule_of_thumb(
+    model, *, batch: int, seq_len: int, hidden: int, layers: int, vocab: int, tensor_parallel: int,
+    context_parallel: int, fp32_compute: bool, recomputed: bool, baseline_bytes: int,
+) -> StepMemory:  # fmt: skip
+    """The estimate where fake tensors cannot run the step: an op whose output shape depends on the data (expert
+    parallelism's token selection) has no fake tensor. Weights from the sharded ``model``: fp32 parameters, and
+    for what trains a gradient and AdamW's two moments; activations by Korthikanti et al. (2022): about 34 x
+    hidden bytes per token and layer in bf16 kept for the backward (twice in fp32, a quarter recomputed), and the
+    logits at the vocabulary with their fp32 copy and gradient. An upper bound for planning, not a trace."""
+    from torch.distributed.tensor import DTensor
+
+    def local(param) -> int:
+        return (param.to_local() if isinstance(param, DTensor) else param).numel()
+
+    params = sum(local(p) for p in model.parameters())
+    trainable = sum(local(p) for p in model.parameters() if p.requires_grad)
+    tokens = batch * seq_len
+    per_layer = 34 * hidden * tokens // (tensor_parallel * context_parallel)
+    per_layer = per_layer * 2 if fp32_compute else per_layer
+    per_layer = per_layer // 4 if recomputed else per_layer
+    logits = tokens * vocab * ((4 if fp32_compute else 2) + 4 + 4) // tensor_parallel
+    by_kind = {
+        "params": 4 * params, "grads": 4 * trainable, "optimizer": 8 * trainable,
+        "activations": per_layer * layers + logits, "FSDP buffers": 0,
+    }  # fmt: skip
+    return StepMemory(batch=batch, by_kind=by_kind, baseline_bytes=baseline_bytes, tracked=False)

@@ -198,10 +198,14 @@ def dry_run(plan: PlannedJob) -> int:
             f"[dry-run] model {plan.module}:{plan.config}: {total:,} parameters, {params:,} on rank 0{trained}"
         )
         compute = "bf16" if config.training.mixed_precision_param == "bfloat16" else "fp32"
+        how = (
+            "torch's memory tracker over a fake step, steady state"
+            if estimate.tracked
+            else "a rule of thumb: fake tensors cannot run this layout's data-dependent token routing"
+        )
         print(
             f"[dry-run] memory per rank at the step's peak (batch {config.training.local_batch_size} x seq "
-            f"{config.training.seq_len}, {compute} compute, torch's memory tracker over a fake step, steady "
-            f"state), GiB: {estimate.describe()}"
+            f"{config.training.seq_len}, {compute} compute, {how}), GiB: {estimate.describe()}"
         )
         memory = rank_memory_of(plan, plan.device_kind)
         fits = True

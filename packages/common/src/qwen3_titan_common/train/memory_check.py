@@ -60,21 +60,41 @@ class JobModel:
         return model
 
     def step_memory(self, *, batch: int, ac_config, baseline_bytes: int) -> StepMemory:
-        from qwen3_titan_common.perf.memory import track_step
+        from qwen3_titan_common.compat import fake_tensor_data_dependent_errors
+        from qwen3_titan_common.perf.memory import rule_of_thumb, track_step
 
         config = self.config
         arch = getattr(config, "architecture", None)
         vocab = arch.vocab_size if arch is not None else self.spec.model.vocab_size
-        return track_step(
-            lambda: self.sharded_model(ac_config),
-            lambda model: config.optimizer.build(model_parts=[model]),
-            batch=batch,
-            seq_len=config.training.seq_len,
-            vocab_size=vocab,
-            packed=bool(getattr(getattr(config, "dataloader", None), "packing", False)),
-            baseline_bytes=baseline_bytes,
-            gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
-        )
+        try:
+            return track_step(
+                lambda: self.sharded_model(ac_config),
+                lambda model: config.optimizer.build(model_parts=[model]),
+                batch=batch,
+                seq_len=config.training.seq_len,
+                vocab_size=vocab,
+                packed=bool(getattr(getattr(config, "dataloader", None), "packing", False)),
+                baseline_bytes=baseline_bytes,
+                gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
+            )
+        except fake_tensor_data_dependent_errors():
+            import torch
+
+            with torch.device("meta"):
+                model = self.sharded_model(ac_config)
+            return rule_of_thumb(
+                model,
+                batch=batch,
+                seq_len=config.training.seq_len,
+                hidden=arch.hidden_size if arch is not None else self.spec.model.dim,
+                layers=arch.num_hidden_layers if arch is not None else len(self.spec.model.layers),
+                vocab=vocab,
+                tensor_parallel=self.parallel_dims.tp,
+                context_parallel=self.parallel_dims.cp,
+                fp32_compute=config.training.mixed_precision_param == "float32",
+                recomputed=ac_config is not None,
+                baseline_bytes=baseline_bytes,
+            )
 
 
 def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
