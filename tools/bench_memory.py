@@ -84,21 +84,15 @@ def rows(models: dict[str, Path], quick: bool) -> list[tuple[str, str, list[str]
     return table[:4] if quick else table
 
 
-def _with_flags(args: list[str], flags: list[str]) -> list[str]:
-    """``flags`` before a trailing subcommand (tyro applies what follows a subcommand to it)."""
-    if args and ":" in args[-1] and not args[-1].startswith("-"):
-        return [*args[:-1], *flags, args[-1]]
-    return [*args, *flags]
-
-
 def run_row(package: str, args: list[str], work: Path) -> dict:
     from qwen3_titan_common.perf.train_log import parse_step_lines
+    from qwen3_titan_common.train.dry_run import before_subcommands
 
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": package}
     out = work / "out"
     shutil.rmtree(out, ignore_errors=True)
     dry = subprocess.run(
-        [TRAIN, *_with_flags(args, ["--dry-run", "--out", str(out)])],
+        [TRAIN, *before_subcommands(args, ("--dry-run", "--out", str(out)))],
         env=env, capture_output=True, text=True, cwd=work,
     )  # fmt: skip
     found = _ESTIMATE.search(dry.stdout)
@@ -106,7 +100,7 @@ def run_row(package: str, args: list[str], work: Path) -> dict:
         raise RuntimeError(f"dry run failed ({dry.returncode}):\n{dry.stdout[-2000:]}{dry.stderr[-2000:]}")
     start = time.perf_counter()
     real = subprocess.run(
-        [TRAIN, *_with_flags(args, ["--steps", str(STEPS), *QUIET, "--out", str(out)])],
+        [TRAIN, *before_subcommands(args, ("--steps", str(STEPS), *QUIET, "--out", str(out)))],
         env=env, capture_output=True, text=True, cwd=work,
     )  # fmt: skip
     lines = parse_step_lines(real.stdout + real.stderr)

@@ -2,8 +2,8 @@
 
 The job's model, built and sharded as its rank 0 builds it (on torchtitan's fake process group, see
 ``train.dry_run``), takes a training step on fake tensors: shapes, dtypes and devices, no storage and no
-arithmetic, so a 30B shape costs seconds. Torch's FSDP memory tracker (``torch.distributed._tools``, which
-torchtitan's own estimator used until it was removed) follows every tensor the step creates and frees, and
+arithmetic, so a 30B shape costs seconds. Torch's FSDP memory tracker (``compat.step_memory_tracker``;
+torchtitan's own estimator used it until it was removed) follows every tensor the step creates and frees, and
 reports the peak by kind: sharded parameters and gradients, the optimizer's state, activations and the
 backward's temporaries (the logits at the model's vocabulary, their fp32 copy and gradient included), FSDP's
 unsharded parameters and its all-gather and reduce-scatter buffers, in the precision the config computes in.
@@ -61,6 +61,13 @@ class StepMemory:
         kinds = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in self.by_kind.items())
         process = f" + process {self.baseline_bytes / GIB:.2f}" if self.baseline_bytes else ""
         return f"{kinds}{process}; total ~{self.total_bytes / GIB:.2f} GiB"
+
+
+def local_numel(param) -> int:
+    """The elements this rank holds of a parameter (its shard when sharded)."""
+    from torch.distributed.tensor import DTensor
+
+    return (param.to_local() if isinstance(param, DTensor) else param).numel()
 
 
 def grouped(by_tracker_kind: dict[str, int]) -> dict[str, int]:
@@ -188,13 +195,8 @@ def rule_of_thumb(
     for what trains a gradient and AdamW's two moments; activations by Korthikanti et al. (2022): about 34 x
     hidden bytes per token and layer in bf16 kept for the backward (twice in fp32, a quarter recomputed), and the
     logits at the vocabulary with their fp32 copy and gradient. An upper bound for planning, not a trace."""
-    from torch.distributed.tensor import DTensor
-
-    def local(param) -> int:
-        return (param.to_local() if isinstance(param, DTensor) else param).numel()
-
-    params = sum(local(p) for p in model.parameters())
-    trainable = sum(local(p) for p in model.parameters() if p.requires_grad)
+    params = sum(local_numel(p) for p in model.parameters())
+    trainable = sum(local_numel(p) for p in model.parameters() if p.requires_grad)
     tokens = batch * seq_len
     per_layer = 34 * hidden * tokens // (tensor_parallel * context_parallel)
     per_layer = per_layer * 2 if fp32_compute else per_layer

@@ -35,6 +35,7 @@ from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
 from qwen3_titan_common.hf.start import newest_complete_step
+from qwen3_titan_common.perf.memory import local_numel
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
 from qwen3_titan_common.train.model_record import write_model_record
@@ -60,11 +61,11 @@ def checkpoint_bytes(model_parts: list[nn.Module]) -> int:
     """This rank's share of a step checkpoint as DCP writes it: every state-dict tensor of the model in
     fp32 (a tied weight under both of its names), and AdamW's two fp32 moments per parameter."""
     stored = sum(
-        _local_numel(t)
+        local_numel(t)
         for m in model_parts
         for t in (*(p for _, p in m.named_parameters(remove_duplicate=False)), *m.buffers())
     )
-    params = sum(_local_numel(p) for m in model_parts for p in m.parameters())
+    params = sum(local_numel(p) for m in model_parts for p in m.parameters())
     return 4 * stored + 2 * 4 * params
 
 
@@ -89,10 +90,6 @@ def _owners(
 
 def _is_writer() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def _local_numel(param: torch.Tensor) -> int:
-    return (param.to_local() if isinstance(param, DTensor) else param).numel()
 
 
 class Qwen3CheckpointManager(CheckpointManager):

@@ -153,12 +153,12 @@ def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
 
 def dry_run(plan: PlannedJob) -> int:
     """Lay out and shard rank 0 of ``plan`` after every check its ranks would run."""
+    from qwen3_titan_common.perf.memory import local_numel
     from qwen3_titan_common.train.memory_check import (
         does_not_fit,
         estimate_rank0,
         fit_line,
         job_device_kind,
-        local_numel,
         rank_memory_of,
     )
 

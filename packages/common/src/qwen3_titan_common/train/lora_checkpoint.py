@@ -36,7 +36,8 @@ from qwen3_titan_common.compat import without_checkpoint_wrapper
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.adapter import AdapterDir, AdapterSpec, peft_key, write_adapter_dir
 from qwen3_titan_common.models.lora import LoRAParams, adapter_key, base_weight_name
-from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager, _local_numel
+from qwen3_titan_common.perf.memory import local_numel
+from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 
 BASE_EXPORT = "base"
 
@@ -120,8 +121,8 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
         self.hf_modules: dict[str, str] = {}
         params = [p for m in model_parts for p in m.parameters()]
         # fp32 weights, and AdamW's two fp32 moments of the trainable (adapter) parameters only.
-        self.checkpoint_bytes = 4 * sum(_local_numel(p) for p in params) + 8 * sum(
-            _local_numel(p) for p in params if p.requires_grad
+        self.checkpoint_bytes = 4 * sum(local_numel(p) for p in params) + 8 * sum(
+            local_numel(p) for p in params if p.requires_grad
         )
 
     # -- names -----------------------------------------------------------------------------------

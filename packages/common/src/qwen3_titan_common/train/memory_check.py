@@ -21,14 +21,6 @@ REAL_SIZE_BYTES = 10**9
 BATCH_FLAGS = ("--training.local_batch_size", "--training.global_batch_size")
 
 
-def local_numel(param) -> int:
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(param, DTensor):
-        return param.to_local().numel()
-    return param.numel()
-
-
 @dataclass
 class JobModel:
     """What the memory estimate builds again for each setting it tries: the config, its model and its mesh."""
