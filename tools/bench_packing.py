@@ -1,11 +1,12 @@
-"""Benchmark: packed chat fine-tuning vs one chat per row vs TRL's SFTTrainer, in trained tokens/s (CPU).
+"""Benchmark: packed chat fine-tuning (both backends) vs one chat per row vs TRL's SFTTrainer, in trained tokens/s,
+and per-document attention against causal attention in step time (CPU).
 
     uv run --with 'trl==1.16.0' python -m tools.bench_packing [--quick] [--json out.json]
     uv run python -m tools.bench_packing [--quick]   # without TRL (not in the lock): its row says how to add it
 
 `--with` overlays TRL (and its own few dependencies) on the locked environment for that one command: torch
 2.14.0, transformers 5.24.0, accelerate 1.15.0 and datasets 4.7.0 stay the locked ones (TRL's run prints
-them); nothing is added to the lock. ~9 minutes on 2 cores (`--quick`: ~4, ~3 without TRL).
+them); nothing is added to the lock. ~30 minutes on 2 cores (`--quick`: ~10).
 
 The data: 400 synthetic chats (a system prompt, 1-3 user/assistant exchanges of words from a fixed list,
 seeded), of lognormal total length (median ~300 tokens, 4x the median at the 99th percentile, clipped at
@@ -14,8 +15,9 @@ seeded), of lognormal total length (median ~300 tokens, 4x the median at the 99t
 (151,936 embedding rows, 39M of the parameters; hidden 256, 4 layers, 4/2 heads of 64, tied embeddings),
 written by transformers' save_pretrained with the tokenizer beside it. Then, one after another, each in a
 fresh process, fp32, seq_len 2048, on the CPU:
-  (a) ours, packed (the default): `train --hf-model DIR --dataloader.dataset chats.jsonl`, 2 rows a step;
-  (b) ours, `--dataloader.no-packing`: one chat per row, padded;
+  (a) ours, packed (the default): `train --hf-model DIR --dataloader.dataset chats.jsonl`, 2 rows a step, with
+      the native backend and (a') with the hf-v5 backend;
+  (b) ours, `--dataloader.no-packing`: one chat per row, padded (native);
   (c) TRL's SFTTrainer on the same weights, token ids and trained mask (pre-tokenized `input_ids` and
       `assistant_masks` from our ChatTokenizer, EOS appended as our loader appends it), `packing=True`,
       `padding_free=True`, `max_length=2048`, 2 packed sequences a step (padding-free: one row of up to
@@ -32,10 +34,13 @@ TRL's documents must not attend to each other for the comparison to mean anythin
 output (position_ids restarting per document, no attention_mask: transformers then builds a per-document
 mask for SDPA), the logits of a packed row must equal those of each document run alone, within 1e-5.
 Also: peak memory of one attention layer's forward+backward at seq 4096 (1 x 16 heads x 128, fp32) with plain
-causal SDPA and with the block-diagonal document mask (our DocumentCausalSDPA; documents of 300 tokens), each
+causal SDPA, SDPA under the dense document mask and our block-sparse attention (documents of 300 tokens), each
 in a fresh process: peak RSS (VmHWM, reset just before the layer) over the RSS with its inputs allocated.
-Targets: packed >= 3x one chat per row, and >= 2x TRL, in trained tokens/s. Absolute rates depend on the
-machine and its load (what other processes used just before is printed); the ratios are what compares.
+Then tools/bench_document_attention.py on the same chats: a training step of a real-width model with
+per-document attention against the same step under causal attention, at seq 2048 and 4096 (`--quick`: 2048).
+Targets: packed >= 3x one chat per row, and >= 2.5x TRL for each backend, in trained tokens/s; document step
+time <= 0.8x causal. Absolute rates depend on the machine and its load (what other processes used just before
+is printed); the ratios are what compares.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ import warnings
 from pathlib import Path
 
 from qwen3_titan_common.perf.precision import describe_cpu
+
+from tools import bench_document_attention
 
 ROOT = Path(__file__).resolve().parents[1]
 TRL_PIN = "trl==1.16.0"
@@ -75,6 +82,7 @@ _TRAINED = re.compile(r"step:\s*(\d+)\S*\s+loss:.*?trained:\s*([0-9.]+)%")
 MEMORY_SEQ = 4096
 MEMORY_HEADS, MEMORY_HEAD_DIM = 16, 128
 MEMORY_DOC = 300
+TRL_TARGET = 2.5
 # A TRL step takes about two of ours on a CPU, and the whole run should stay within ~10 minutes on 2 cores.
 STEPS = {False: (10, 5, 2), True: (3, 2, 1)}  # (ours, TRL's, warm-up) by --quick
 # The tiny model: the embedding (151,936 x 256) is ~39M of its ~42M parameters, as in the small Qwen3s.
@@ -184,9 +192,14 @@ def make_model(directory: Path, tokenizer_dir: Path) -> int:
 # -- ours ------------------------------------------------------------------------------------------------
 
 
-def ours_command(model_dir: Path, data: Path, out: Path, steps: int, packing: bool) -> list[str]:
+BACKENDS = {"native": "qwen3_titan_native", "hf-v5": "qwen3_titan_hf_v5"}
+
+
+def ours_command(
+    model_dir: Path, data: Path, out: Path, steps: int, packing: bool, backend: str = "native"
+) -> list[str]:
     return [
-        sys.executable, "-m", "qwen3_titan_common.cli.launch", "--module", "qwen3_titan_native", "--hf-model", str(model_dir),
+        sys.executable, "-m", "qwen3_titan_common.cli.launch", "--module", BACKENDS[backend], "--hf-model", str(model_dir),
         "--dataloader.dataset", str(data), "--dataloader.held_out", "0",
         "--training.seq_len", str(SEQ_LEN), "--training.local_batch_size", str(ROWS_PER_STEP),
         "--training.steps", str(steps), "--lr", str(LR), "--warmup", "0",
@@ -226,20 +239,24 @@ def ours_trained_per_step(
     return counts
 
 
-def run_ours(model_dir: Path, data: Path, steps: int, warmup: int, packing: bool) -> dict:
+def run_ours(
+    model_dir: Path, data: Path, steps: int, warmup: int, packing: bool, backend: str = "native"
+) -> dict:
     from qwen3_titan_common.perf.train_log import parse_step_lines
 
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         proc = subprocess.run(
-            ours_command(model_dir, data, Path(tmp) / "out", steps, packing),
+            ours_command(model_dir, data, Path(tmp) / "out", steps, packing, backend),
             env={**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}, capture_output=True, text=True, cwd=tmp,
         )  # fmt: skip
         wall = time.perf_counter() - start
     log = proc.stdout + proc.stderr
     lines = parse_step_lines(log)
     if proc.returncode != 0 or len(lines) < steps:
-        raise RuntimeError(f"train (packing={packing}) failed, exit {proc.returncode}:\n{log[-4000:]}")
+        raise RuntimeError(
+            f"train ({backend}, packing={packing}) failed, exit {proc.returncode}:\n{log[-4000:]}"
+        )
     counts = ours_trained_per_step(model_dir, data, packing, steps)
     # The step line's own trained share (rounded to a percent) says whether the replay saw the run's batches.
     printed = [float(m.group(2)) for m in _TRAINED.finditer(_ANSI.sub("", log))]
@@ -470,25 +487,17 @@ def attention_memory_worker(kind: str) -> None:
     this one."""
     import torch
     import torch.nn.functional as F
-
-    try:
-        from qwen3_titan_common.models.attention import DocumentCausalSDPA, document_causal_mask
-    except ImportError:
-        DocumentCausalSDPA = document_causal_mask = None  # noqa: N806
+    from qwen3_titan_common.models.attention import document_causal_mask
+    from qwen3_titan_common.models.document_blocks import block_sparse_attention, document_blocks
 
     def layer(q, k, v, positions):
         if kind == "causal":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        if DocumentCausalSDPA is not None:
-            # Ours takes (batch, seq, heads, dim) and the mask its model builds once per forward.
-            attention = DocumentCausalSDPA(DocumentCausalSDPA.Config())
-            mask = document_causal_mask(positions)
-            out = attention(*(t.transpose(1, 2) for t in (q, k, v)), attention_masks=mask)
-            return out.transpose(1, 2)
-        doc = torch.cumsum((positions == 0).to(torch.int32), dim=1) - 1
-        causal = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()
-        mask = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        if kind == "document mask":
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=document_causal_mask(positions))
+        # Ours takes (batch, seq, heads, dim) and the block pairs its model builds once per forward.
+        out = block_sparse_attention(*(t.transpose(1, 2) for t in (q, k, v)), document_blocks(positions))
+        return out.transpose(1, 2)
 
     def inputs(seq: int):
         g = torch.Generator().manual_seed(0)
@@ -498,7 +507,7 @@ def attention_memory_worker(kind: str) -> None:
         ]
         return *qkv, (torch.arange(seq) % MEMORY_DOC)[None]
 
-    layer(*inputs(256)).sum().backward()  # loads the kernels and thread pools outside the measurement
+    layer(*inputs(1024)).sum().backward()  # loads the kernels and thread pools outside the measurement
     q, k, v, positions = inputs(MEMORY_SEQ)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
@@ -507,11 +516,7 @@ def attention_memory_worker(kind: str) -> None:
     layer(q, k, v, positions).sum().backward()
     seconds = time.perf_counter() - start
     peak = _status_bytes("VmHWM")
-    print(
-        json.dumps(
-            {"peak_growth_bytes": peak - before, "seconds": seconds, "ours": DocumentCausalSDPA is not None}
-        )
-    )
+    print(json.dumps({"peak_growth_bytes": peak - before, "seconds": seconds}))
 
 
 def attention_memory(kind: str) -> dict:
@@ -567,6 +572,18 @@ def main() -> int:
         help=f"{quick[0]} steps of ours, {quick[1]} of TRL's, {quick[2]} not timed (a smoke run)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--ratio-layers",
+        type=int,
+        default=8,
+        help="layers of the real-width model of the step-time comparison",
+    )
+    parser.add_argument(
+        "--ratio-steps",
+        type=int,
+        default=None,
+        help="steps of each step-time run, the first not timed (default 3)",
+    )
     args = parser.parse_args()
     print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     steps, trl_steps, warmup = STEPS[args.quick]
@@ -607,8 +624,12 @@ def main() -> int:
             flush=True,
         )
         sides: dict[str, dict | None] = {}
-        for name, packing in (("ours, packed", True), ("ours, one chat per row", False)):
-            sides[name] = run_ours(model_dir, data, steps, warmup, packing=packing)
+        for name, backend, packing in (
+            ("ours, packed", "native", True),
+            ("ours (hf-v5), packed", "hf-v5", True),
+            ("ours, one chat per row", "native", False),
+        ):
+            sides[name] = run_ours(model_dir, data, steps, warmup, packing=packing, backend=backend)
             print(f"  {name}: {sides[name]['wall_s']} s", flush=True)
         trl_error = None
         if version is not None:
@@ -618,8 +639,13 @@ def main() -> int:
             except RuntimeError as e:
                 trl_error = str(e)
                 print(trl_error, file=sys.stderr)
-        memory = {kind: attention_memory(kind) for kind in ("causal", "document mask")}
-    figures |= {"sides": sides, "attention_memory": memory}
+        memory = {kind: attention_memory(kind) for kind in ("causal", "document mask", "block-sparse")}
+        print("step time, document vs causal attention (tools/bench_document_attention.py):", flush=True)
+        seqs = [2048] if args.quick else [2048, 4096]
+        step_ratio = bench_document_attention.measure(
+            data, tokenizer_dir, seqs, steps=2 if args.quick else 3, layers=8
+        )
+    figures |= {"sides": sides, "attention_memory": memory, "document_vs_causal": step_ratio}
 
     print(
         f"\nCPU, {os.cpu_count()} cores ({figures['others_busy']:.0%} busy with other processes just before the "
@@ -648,15 +674,18 @@ def main() -> int:
     print(f"packed vs one chat per row, trained tokens/s: {ratio:.2f}x (target >= 3x): {_verdict(ratio, 3)}")
     if trl is None:
         why = "its run failed (stderr)" if trl_error else f"TRL not installed (run with: {TRL_COMMAND})"
-        print(f"ours packed vs TRL SFTTrainer, trained tokens/s (target >= 2x): not measured, {why}")
+        print(
+            f"ours packed vs TRL SFTTrainer, trained tokens/s (target >= {TRL_TARGET}x): not measured, {why}"
+        )
     else:
         iso = trl["isolation"]
-        ratio = packed["trained_tps"] / trl["trained_tps"]
-        figures["packed_vs_trl"] = ratio
-        print(
-            f"ours packed vs TRL {trl['versions']['trl']} SFTTrainer (packing, padding-free), trained tokens/s: "
-            f"{ratio:.2f}x (target >= 2x): {_verdict(ratio, 2)}"
-        )
+        for name in ("ours, packed", "ours (hf-v5), packed"):
+            ratio = sides[name]["trained_tps"] / trl["trained_tps"]
+            figures[f"{name} vs trl"] = ratio
+            print(
+                f"{name} vs TRL {trl['versions']['trl']} SFTTrainer (packing, padding-free), trained tokens/s: "
+                f"{ratio:.2f}x (target >= {TRL_TARGET}x): {_verdict(ratio, TRL_TARGET)}"
+            )
         print(
             f"  TRL's documents isolated: {'yes' if iso['isolated'] else 'NO, so the comparison is not like for like'}"
             f" (its collator's row of {iso['documents']} documents, attention_mask passed: "
@@ -676,13 +705,12 @@ def main() -> int:
         "aside): " + ", ".join(f"packed vs {k} {r:.2f}x" for k, r in figures["at_epoch_share"].items())
     )
     for kind, m in memory.items():
-        what = (
-            "ours, DocumentCausalSDPA" if kind != "causal" and m["ours"] else "F.scaled_dot_product_attention"
-        )
+        what = "ours, block_sparse_attention" if kind == "block-sparse" else "F.scaled_dot_product_attention"
         print(
             f"attention forward+backward at seq {MEMORY_SEQ} (1 x {MEMORY_HEADS} heads x {MEMORY_HEAD_DIM}, fp32), "
             f"{kind} [{what}]: peak RSS over its inputs {m['peak_growth_bytes'] / 2**20:,.0f} MiB, {m['seconds']:.2f} s"
         )
+    print("\n".join(bench_document_attention.report(step_ratio)))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

@@ -17,7 +17,7 @@ def _model():
 def _step(batch: int) -> StepMemory:
     return track_step(
         _model, lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3), batch=batch, seq_len=SEQ,
-        vocab_size=VOCAB, packed=False, baseline_bytes=123,
+        vocab_size=VOCAB, baseline_bytes=123,
     )  # fmt: skip
 
 
@@ -39,6 +39,37 @@ def test_a_step_holds_the_parameters_the_optimizer_state_and_the_logits():
     assert large.by_kind["optimizer"] == 2 * params + 4 * 3
     assert large.by_kind["activations"] >= 2 * logits
     assert large.step_bytes > small.step_bytes
+
+
+class _LanguageModel(torch.nn.Module):
+    """An embedding and an output projection that returns its hidden states when a chunked loss applies it."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.lm_head = torch.nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        from qwen3_titan_common.compat import lm_head_applied_by_loss
+
+        hidden = self.embed(tokens)
+        return hidden if lm_head_applied_by_loss(self) else self.lm_head(hidden)
+
+
+def test_a_chunked_loss_holds_one_chunk_of_logits():
+    # The CPU's loss projects a quarter of the tokens at a time: 64 rows' logits (64 MiB, the step's largest
+    # tensor with their gradient) a quarter as large; the weights and moments unchanged.
+    def step(loss_chunks):
+        return track_step(
+            _LanguageModel, lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3), batch=64, seq_len=SEQ,
+            vocab_size=VOCAB, baseline_bytes=0, loss_chunks=loss_chunks,
+        )  # fmt: skip
+
+    whole, chunked = step(None), step(4)
+    logits = 4 * 64 * SEQ * VOCAB
+    assert whole.by_kind["activations"] >= 2 * logits
+    assert chunked.by_kind["activations"] < whole.by_kind["activations"] - logits
+    assert chunked.by_kind["optimizer"] == whole.by_kind["optimizer"]
 
 
 def test_grouped_sums_the_trackers_kinds():

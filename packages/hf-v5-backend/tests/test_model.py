@@ -202,7 +202,7 @@ def test_config_functions_and_the_recipe_entry_point():
         config = getattr(config_registry, name)()
         assert config.model_spec.model.hf_config["model_type"] == model_type
         assert config.model_spec.model.tie_word_embeddings == tied
-        assert config.hf_v5.attention == "sdpa"
+        assert config.hf_v5.attention is None  # the device's default: blocks off CUDA, sdpa on CUDA
     assert config.model_spec.model.hf_config["rope_theta"] == 5e6  # 2507, not the "4B" flavor's 1e6
     assert config_registry.debug_moe().architecture.moe.num_experts == 8
     assert config_registry.debug_moe().architecture.vocab_size == 4096
@@ -215,18 +215,21 @@ def test_cuda_graphs_go_off_for_flex_attention_only(monkeypatch):
     from torchtitan.tools import utils as titan_utils
 
     monkeypatch.setattr(titan_utils, "device_type", "cuda")
-    for attention, graphs_off in (("sdpa", False), ("flex", True)):
+    for attention, graphs_off in ((None, False), ("sdpa", False), ("flex", True), ("blocks", True)):
         config = debug()
         config.hf_v5.attention = attention
         config = HFv5Trainer.capturable(config)
         assert config.training.disable_cuda_graphs is graphs_off, attention
 
 
-def test_sdpa_attention_masks_each_packed_document_and_always_builds_its_mask():
-    # The registered implementation is transformers' SDPA under transformers' packed-sequence mask,
-    # built at every call (so nothing differs between a CUDA graph capture and a plain step).
+@pytest.mark.parametrize("implementation", ["blocks", "sdpa"])
+def test_attention_keeps_each_packed_document_to_itself(implementation):
+    # blocks: common's block-sparse attention, its block pairs built by the model's forward or, for a caller
+    # passing positions alone, from position_ids. sdpa: transformers' SDPA under transformers' packed-sequence
+    # mask, built at every call (so nothing differs between a CUDA graph capture and a plain step).
     import torch
-    from qwen3_titan_hf_v5.attention import DOCUMENT_SDPA
+    from qwen3_titan_common.models.document_blocks import document_blocks
+    from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS, DOCUMENT_SDPA
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.masking_utils import create_causal_mask
 
@@ -235,7 +238,9 @@ def test_sdpa_attention_masks_each_packed_document_and_always_builds_its_mask():
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, use_cache=False,
     )  # fmt: skip
     torch.manual_seed(0)
-    ours = AutoModelForCausalLM.from_config(config, attn_implementation=DOCUMENT_SDPA).eval()
+    ours = AutoModelForCausalLM.from_config(
+        config, attn_implementation=ATTENTION_IMPLEMENTATIONS[implementation]
+    ).eval()
     reference = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     reference.load_state_dict(ours.state_dict())
     from qwen3_titan_common.train.tolerance import ModelBounds
@@ -252,6 +257,12 @@ def test_sdpa_attention_masks_each_packed_document_and_always_builds_its_mask():
         )
         alone = ours(tokens[:1, 5:], position_ids=torch.arange(7)[None], use_cache=False).logits
         assert torch.allclose(packed[:1, 5:], alone, rtol=0, atol=bound)
+        if implementation == "blocks":
+            # The block pairs handed down once (as HFCausalLM.forward does), blocks of 4: documents across edges.
+            blocks = document_blocks(positions, block_size=4)
+            handed = ours(tokens, position_ids=positions, use_cache=False, document_blocks=blocks).logits
+            assert torch.allclose(handed, packed, rtol=0, atol=bound)
+            return
         embeds = ours.model.embed_tokens(tokens)
         single = torch.arange(12).expand(2, 12)  # one document per row: transformers' "sdpa" skips the mask
         for implementation, built in ((DOCUMENT_SDPA, True), ("sdpa", False)):

@@ -36,8 +36,9 @@ The seams:
   (``models.layout_init``) calls each one on a whole tensor.
 - :func:`without_checkpoint_wrapper`: torch's activation-checkpoint wrapper inserts
   ``_checkpoint_wrapped_module`` into parameter names.
-- :func:`lm_head_applied_by_loss`: torchtitan's Trainer tells a model that its chunked loss applies
-  ``lm_head`` by setting ``model._skip_lm_head``.
+- :func:`lm_head_applied_by_loss`, :func:`apply_lm_head_in_loss`: torchtitan's Trainer tells a model that
+  its chunked loss applies ``lm_head`` by setting ``model._skip_lm_head`` (the memory estimate's step and the
+  benchmarks do as the Trainer does).
 - :func:`fake_tensor_mode`, :func:`step_memory_tracker`, :func:`tracker_peak_by_kind`,
   :func:`tracker_current_by_kind`, :func:`gloo_collective_copies`,
   :func:`fake_tensor_data_dependent_errors`: torch's fake tensors
@@ -260,6 +261,12 @@ def without_checkpoint_wrapper(name: str) -> str:
 def lm_head_applied_by_loss(model) -> bool:
     """Whether torchtitan's chunked loss applies ``model.lm_head`` itself (the model returns hidden states)."""
     return bool(getattr(model, "_skip_lm_head", False))
+
+
+def apply_lm_head_in_loss(model) -> None:
+    """Tell ``model`` that a chunked loss applies its ``lm_head`` (it returns hidden states), as torchtitan's
+    Trainer does for a :class:`ChunkedLossWrapper`."""
+    model._skip_lm_head = True
 
 
 # -- torch's Hugging Face checkpoint reader ---------------------------------------------------------

@@ -7,7 +7,8 @@ are applied on top (``--training.steps 5``).
 
 ``HFv5Trainer`` is ``Qwen3Trainer`` plus this backend's own flags, the ``hf_v5`` section:
 
-    --hf_v5.attention {sdpa,flex}   sdpa (default) on every device; flex on CUDA only
+    --hf_v5.attention {blocks,sdpa,flex}   blocks (block-sparse per document; the default off CUDA) or
+                                    sdpa (a dense document mask; the default on CUDA); flex on CUDA only
     --hf_v5.untie_embeddings        train separate embedding and lm_head from a tied model
 
 Everything else (HF directories in and out, data, optimizer, checkpoints) is
@@ -32,8 +33,9 @@ from qwen3_titan_hf_v5.model import hf_v5_model_spec as _hf_v5_model_spec
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class HFv5Options:
-    attention: Literal["sdpa", "flex"] = "sdpa"
-    """Attention kernel: sdpa (Neuron, CUDA, CPU) or flex (CUDA only)."""
+    attention: Literal["blocks", "sdpa", "flex"] | None = None
+    """Per-document attention: blocks (block-sparse; default off CUDA), sdpa (dense mask; default on CUDA),
+    flex (CUDA only)."""
 
     untie_embeddings: bool = False
     """Train lm_head apart from the embedding even if config.json ties them (export keeps lm_head)."""
@@ -61,6 +63,8 @@ class HFv5Trainer(_Qwen3Trainer):
     def cuda_graph_blocker(cls, config: Config) -> str | None:
         if config.hf_v5.attention == "flex":
             return "--hf_v5.attention flex: transformers builds the flex block mask on the host at every step"
+        if config.hf_v5.attention == "blocks":
+            return "--hf_v5.attention blocks: the block pairs of each batch are read on the host"
         return None
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
+from qwen3_titan_common.models.document_blocks import document_blocks
 from qwen3_titan_common.models.fsdp_comms import reducing_over_gloo_with_sum
 from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
 from qwen3_titan_common.models.qwen3 import INIT_STD, residual_init_std
@@ -36,7 +37,7 @@ from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
 
-from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS
+from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS, default_attention
 from qwen3_titan_hf_v5.lora import init_adapter_parameter, inject_lora
 from qwen3_titan_hf_v5.parallelize import check_parallelism, parallelize_hf_v5
 from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
@@ -50,8 +51,9 @@ class HFCausalLM(BaseModel):
         hf_config: dict[str, Any] = field(default_factory=dict)
         """The model's config.json, as transformers reads it."""
 
-        attention: Literal["sdpa", "flex"] = "sdpa"
-        """sdpa on every device; flex on CUDA only (set from --hf_v5.attention)."""
+        attention: Literal["blocks", "sdpa", "flex"] = "blocks"
+        """blocks (block-sparse per document) or sdpa (a dense document mask) on every device; flex on CUDA
+        only (set from --hf_v5.attention, whose default is blocks off CUDA and sdpa on CUDA)."""
 
         untie_embeddings: bool = False
         """Train separate embedding and lm_head even if config.json ties them (--hf_v5.untie_embeddings)."""
@@ -102,7 +104,7 @@ class HFCausalLM(BaseModel):
         def update_from_config(self, *, config, **kwargs) -> None:
             options = getattr(config, "hf_v5", None)
             if options is not None:
-                self.attention = options.attention
+                self.attention = options.attention or default_attention(titan_utils.device_type)
                 self.untie_embeddings = options.untie_embeddings
             self.flops = self._flops().with_metrics_config(config.metrics)
             check_parallelism(config.parallelism)
@@ -147,6 +149,9 @@ class HFCausalLM(BaseModel):
         # native model trains. The forward is unchanged.
         self.model.embed_tokens.padding_idx = None
         self.hf_config = hf_config
+        self._block_sparse = config.attention == "blocks"
+        # Neuron compiles one graph per shape: the block pairs padded to a handful of them.
+        self._fixed_shapes = titan_utils.device_type == "neuron"
         self.enable_weight_tying = config.tie_word_embeddings
         self._residual_std = residual_init_std(hf_config.num_hidden_layers)
         self._is_moe = config.num_experts > 0
@@ -173,11 +178,21 @@ class HFCausalLM(BaseModel):
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         # tokens (B, L) -> logits (B, L, vocab). Positions restart at 0 where each packed document starts:
-        # they set RoPE, and transformers' mask functions keep each document's attention to itself
-        # (attention.py); that needs attention_mask None and no cache.
+        # they set RoPE, and keep each document's attention to itself (attention.py): the block pairs built
+        # here once for every layer, or transformers' mask functions, which need attention_mask None and no
+        # cache.
         routed = self._is_moe and self.training
+        blocks = {}
+        if self._block_sparse and positions is not None:
+            blocks["document_blocks"] = document_blocks(positions, fixed_shapes=self._fixed_shapes)
+            if blocks["document_blocks"] is None:  # one document per row: causal SDPA
+                blocks = {}
         outputs = self.model(
-            input_ids=tokens, position_ids=positions, use_cache=False, output_router_logits=routed or None
+            input_ids=tokens,
+            position_ids=positions,
+            use_cache=False,
+            output_router_logits=routed or None,
+            **blocks,
         )
         if routed:
             self._keep_routing(outputs.router_logits)

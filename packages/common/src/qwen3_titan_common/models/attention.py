@@ -2,10 +2,10 @@
 
 Rows hold several documents (``data.packing``); their positions restart at 0 where each starts. On
 CUDA the model uses torchtitan's own block-causal FlexAttention, whose mask torchtitan builds from
-those positions. Flex has no CPU backward and Neuron runs SDPA, so elsewhere the inner attention is
-:class:`DocumentCausalSDPA`: SDPA with a block-diagonal causal boolean mask, built inside the model
-from a ``(batch, seq)`` document-id tensor. Both are fixed-shape inputs, so Neuron compiles one
-graph for every batch.
+those positions. Flex has no CPU backward and Neuron runs neither Flex nor varlen, so elsewhere the
+inner attention is :class:`DocumentBlockAttention`: only the blocks of the score matrix that hold a
+same-document, causal pair are computed (``models.document_blocks``), from block pairs the model
+builds once per forward from the positions. Without positions it is plain causal SDPA.
 """
 
 from __future__ import annotations
@@ -14,11 +14,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
 
-DocumentAttention = Literal["sdpa", "flex", "varlen"]
+from qwen3_titan_common.models.document_blocks import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_PAIRS_PER_CHUNK,
+    DocumentBlocks,
+    block_sparse_attention,
+    document_blocks,
+)
+
+DocumentAttention = Literal["blocks", "flex", "varlen"]
 
 
 def document_ids(positions_BL: torch.Tensor) -> torch.Tensor:
@@ -29,8 +35,9 @@ def document_ids(positions_BL: torch.Tensor) -> torch.Tensor:
 def document_causal_mask(positions_BL: torch.Tensor) -> torch.Tensor:
     """``(batch, 1, seq, seq)`` booleans: query ``i`` may attend key ``j`` when ``j <= i`` in one document.
 
-    Built once per forward and shared by every layer (one ``seq x seq`` mask per row, not one per layer).
-    The diagonal is always allowed, so no query row is fully masked and SDPA never returns NaN.
+    The dense form of what :class:`DocumentBlockAttention` computes: SDPA under it is the reference the
+    block-sparse attention is tested and benchmarked against. The diagonal is always allowed, so no query
+    row is fully masked and SDPA never returns NaN.
     """
     doc_BL = document_ids(positions_BL)
     seq_len = positions_BL.shape[1]
@@ -39,26 +46,30 @@ def document_causal_mask(positions_BL: torch.Tensor) -> torch.Tensor:
     return (same_doc_BLL & causal_LL)[:, None]
 
 
-class DocumentCausalSDPA(ScaledDotProductAttention):
-    """torchtitan's SDPA inner attention, masked per document when the model passes a document mask.
-
-    torchtitan's own SDPA refuses masks (it is causal only); this one takes the boolean mask that
-    :func:`document_causal_mask` builds and is plain causal SDPA without one.
-    """
+class DocumentBlockAttention(ScaledDotProductAttention):
+    """torchtitan's SDPA inner attention, per document and block-sparse when the model passes the batch's
+    :class:`DocumentBlocks` as its attention masks; plain causal SDPA without them (one document per row)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(ScaledDotProductAttention.Config):
-        pass
+        block_size: int = DEFAULT_BLOCK_SIZE
+        """Queries and keys per block."""
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
-        # FLASH covers the CPU's fused kernel (which takes a mask); EFFICIENT is CUDA's kernel for masks.
-        self.sdpa_backends = [
-            SDPBackend.FLASH_ATTENTION,
-            SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.CUDNN_ATTENTION,
-            SDPBackend.MATH,
-        ]
+        pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK
+        """Block pairs computed at once (bounds the transient score buffer)."""
+
+        fixed_shapes: bool = False
+        """Pad the block pairs to a handful of shapes (Neuron compiles one graph per shape)."""
+
+        def document_blocks(self, positions_BL: torch.Tensor) -> DocumentBlocks | None:
+            """The block pairs of a batch, built once per forward and passed to every layer (None: one
+            document per row, plain causal attention)."""
+            return document_blocks(
+                positions_BL,
+                block_size=self.block_size,
+                pairs_per_chunk=self.pairs_per_chunk,
+                fixed_shapes=self.fixed_shapes,
+            )
 
     def forward(
         self,
@@ -66,7 +77,7 @@ class DocumentCausalSDPA(ScaledDotProductAttention):
         k_BLNH: torch.Tensor,
         v_BLNH: torch.Tensor,
         *,
-        attention_masks: torch.Tensor | None = None,
+        attention_masks: DocumentBlocks | None = None,
         scale: float | None = None,
         enable_gqa: bool = False,
         is_causal: bool = True,
@@ -76,30 +87,25 @@ class DocumentCausalSDPA(ScaledDotProductAttention):
             return ScaledDotProductAttention.forward(
                 self, q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, is_causal=is_causal
             )
-        if not isinstance(attention_masks, torch.Tensor) or attention_masks.dtype != torch.bool:
+        if not isinstance(attention_masks, DocumentBlocks):
             raise TypeError(
-                f"DocumentCausalSDPA takes a boolean (batch, 1, seq, seq) mask, got {type(attention_masks).__name__}"
+                f"DocumentBlockAttention takes the batch's DocumentBlocks, got {type(attention_masks).__name__}"
             )
-        q_BNLH, k_BNLH, v_BNLH = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
-        with sdpa_kernel(self.sdpa_backends, set_priority=True):
-            out_BNLH = F.scaled_dot_product_attention(
-                q_BNLH, k_BNLH, v_BNLH, attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa
-            )
-        return out_BNLH.transpose(1, 2)
+        return block_sparse_attention(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale=scale)
 
 
-def inner_attention_config(kind: DocumentAttention):
-    """The per-document inner attention of each kind: ours on SDPA, torchtitan's block-causal otherwise."""
-    if kind == "sdpa":
-        return DocumentCausalSDPA.Config()
+def inner_attention_config(kind: DocumentAttention, *, fixed_shapes: bool = False):
+    """The per-document inner attention of each kind: ours block-sparse, torchtitan's block-causal otherwise."""
+    if kind == "blocks":
+        return DocumentBlockAttention.Config(fixed_shapes=fixed_shapes)
     if kind == "flex":
         return FlexAttention.Config()
     if kind == "varlen":
         return VarlenAttention.Config()
-    raise ValueError(f"attention {kind!r}: expected one of sdpa, flex, varlen")
+    raise ValueError(f"attention {kind!r}: expected one of blocks, flex, varlen")
 
 
 def default_document_attention(device_kind: str) -> DocumentAttention:
-    """torchtitan's block-causal Flex on CUDA (its default for language models); SDPA with a document
-    mask on the CPU (Flex has no CPU backward) and on Neuron (which runs SDPA)."""
-    return "flex" if device_kind == "cuda" else "sdpa"
+    """torchtitan's block-causal Flex on CUDA (its default for language models); block-sparse attention on
+    the CPU (Flex has no CPU backward) and on Neuron (no Flex or varlen there)."""
+    return "flex" if device_kind == "cuda" else "blocks"

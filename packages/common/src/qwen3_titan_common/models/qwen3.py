@@ -3,8 +3,8 @@
 Shared by the backends that train torchtitan's own Qwen3 (native, nki-moe) and by the
 checkpoint tools that compare against it. We build ``Qwen3Model.Config`` from :class:`Qwen3Architecture` (i.e. from the
 checkpoint's ``config.json``) rather than from torchtitan's flavor table, with per-document
-attention on every layer (``models.attention``): torchtitan's block-causal Flex on CUDA, SDPA with a
-document mask elsewhere (Flex has no CPU backward, and SDPA is what Neuron runs).
+attention on every layer (``models.attention``): torchtitan's block-causal Flex on CUDA, block-sparse
+attention elsewhere (Flex has no CPU backward, and Neuron runs neither Flex nor varlen).
 
 Also here, because the hf-v5 backend's model shares them: the random initialisation every backend's
 Qwen3 starts from (:data:`INIT_STD`, :func:`residual_init_std`), and the state-dict adapter's
@@ -43,9 +43,8 @@ from torchtitan.protocols.model_spec import ModelSpec
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.models.attention import (
     DocumentAttention,
-    DocumentCausalSDPA,
+    DocumentBlockAttention,
     default_document_attention,
-    document_causal_mask,
     inner_attention_config,
 )
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
@@ -79,7 +78,7 @@ def _norm(arch: Qwen3Architecture, size: int) -> RMSNorm.Config:
     return RMSNorm.Config(normalized_shape=size, eps=arch.rms_norm_eps, param_init={"weight": nn.init.ones_})
 
 
-def _attention(arch: Qwen3Architecture, kind: DocumentAttention):
+def _attention(arch: Qwen3Architecture, kind: DocumentAttention, fixed_shapes: bool):
     return make_gqa_config(
         dim=arch.hidden_size,
         n_heads=arch.num_attention_heads,
@@ -87,7 +86,7 @@ def _attention(arch: Qwen3Architecture, kind: DocumentAttention):
         head_dim=arch.head_dim,
         wqkv_param_init=_linear_init(),
         wo_param_init=_linear_init(_residual_std(arch)) if arch.is_moe else _linear_init(),
-        inner_attention=inner_attention_config(kind),
+        inner_attention=inner_attention_config(kind, fixed_shapes=fixed_shapes),
         fuse_qkv=True,
         rope=CosSinRoPE.Config(
             dim=arch.head_dim,
@@ -137,7 +136,9 @@ def _moe(arch: Qwen3Architecture):
     )
 
 
-def _layer(arch: Qwen3Architecture, attention: DocumentAttention) -> Qwen3TransformerBlock.Config:
+def _layer(
+    arch: Qwen3Architecture, attention: DocumentAttention, fixed_shapes: bool
+) -> Qwen3TransformerBlock.Config:
     if arch.is_moe:
         mlp = {"moe": _moe(arch)}
     else:
@@ -152,7 +153,7 @@ def _layer(arch: Qwen3Architecture, attention: DocumentAttention) -> Qwen3Transf
     return Qwen3TransformerBlock.Config(
         attention_norm=_norm(arch, arch.hidden_size),
         ffn_norm=_norm(arch, arch.hidden_size),
-        attention=_attention(arch, attention),
+        attention=_attention(arch, attention, fixed_shapes),
         **mlp,
     )
 
@@ -166,7 +167,7 @@ class Qwen3TitanModel(Qwen3Model):
     every backend one convention with nothing overwritten afterwards.
 
     torchtitan's Trainer and Validator build attention masks from the batch's positions only for
-    Flex and varlen; for :class:`DocumentCausalSDPA`, and for callers that pass positions alone
+    Flex and varlen; for :class:`DocumentBlockAttention` (its block pairs), and for callers that pass positions alone
     (``eval``, ``verify-checkpoint``), the forward builds them, so a document is scored the same way
     wherever the model runs.
     """
@@ -210,8 +211,8 @@ class Qwen3TitanModel(Qwen3Model):
 
     def get_attention_masks(self, positions: torch.Tensor):
         attention = self.config.first_attention
-        if attention is not None and isinstance(attention.inner_attention, DocumentCausalSDPA.Config):
-            return document_causal_mask(positions)
+        if attention is not None and isinstance(attention.inner_attention, DocumentBlockAttention.Config):
+            return attention.inner_attention.document_blocks(positions)
         return Qwen3Model.get_attention_masks(self, positions)
 
     def forward(
@@ -228,11 +229,14 @@ class Qwen3TitanModel(Qwen3Model):
 def titan_qwen3_model_config(
     arch: Qwen3Architecture, attention: DocumentAttention | None = None
 ) -> Qwen3TitanModel.Config:
-    """``attention``: the per-document inner attention (default: the one for this machine's device)."""
-    if attention is None:
-        from qwen3_titan_common.runtime.device import detect_device
+    """``attention``: the per-document inner attention (default: the one for this machine's device; on
+    Neuron with its block pairs in a handful of shapes)."""
+    from qwen3_titan_common.runtime.device import detect_device
 
-        attention = default_document_attention(detect_device().kind)
+    device_kind = detect_device().kind
+    if attention is None:
+        attention = default_document_attention(device_kind)
+    fixed_shapes = device_kind == "neuron"
     tied = arch.tie_word_embeddings
     return Qwen3TitanModel.Config(
         flops=FlopsConvention(arch),
@@ -251,7 +255,7 @@ def titan_qwen3_model_config(
             out_features=arch.vocab_size,
             param_init=_linear_init(),
         ),
-        layers=[_layer(arch, attention) for _ in range(arch.num_hidden_layers)],
+        layers=[_layer(arch, attention, fixed_shapes) for _ in range(arch.num_hidden_layers)],
     )
 
 

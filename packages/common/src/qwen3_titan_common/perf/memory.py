@@ -119,8 +119,8 @@ def track_step(
     batch: int,
     seq_len: int,
     vocab_size: int,
-    packed: bool,
     baseline_bytes: int,
+    loss_chunks: int | None = None,
     device: str = "cpu",
     gloo: bool = False,
 ) -> StepMemory:
@@ -131,8 +131,11 @@ def track_step(
     larger (tracking a second step doubles the time).
 
     ``build`` constructs the sharded model, called under fake tensors (parameters it puts on the meta device
-    are materialised as fake tensors on ``device``); ``build_optimizer`` its optimizer. ``packed`` rows carry
-    positions, so the model builds its per-document mask as a real run's does. ``gloo``: the job's collectives
+    are materialised as fake tensors on ``device``); ``build_optimizer`` its optimizer. Attention is costed as
+    causal: per-document attention's extra buffers (the block-sparse attention's scores of one chunk of block
+    pairs) live inside one layer's call, as the fused causal kernel's do. ``loss_chunks``: the run's loss
+    applies the output projection in that many chunks (``train.loss``), so one chunk's logits are alive at a
+    time; None: the whole batch's logits, as torchtitan's plain cross-entropy. ``gloo``: the job's collectives
     run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold two copies of their
     buffer while they run (measured, ``docs/performance.md``), outside any tensor the tracker sees: they are
     added for each call.
@@ -140,6 +143,7 @@ def track_step(
     import torch
 
     from qwen3_titan_common.compat import (
+        apply_lm_head_in_loss,
         fake_tensor_mode,
         gloo_collective_copies,
         step_memory_tracker,
@@ -158,15 +162,22 @@ def track_step(
         optimizer = build_optimizer(model)
         tokens = torch.randint(0, vocab_size, (batch, seq_len), device=device)
         labels = torch.randint(0, vocab_size, (batch, seq_len), device=device)
-        kwargs = {}
-        if packed:
-            kwargs["positions"] = torch.arange(seq_len, device=device).repeat(batch, 1)
+        if loss_chunks:
+            apply_lm_head_in_loss(model)
         tracker = step_memory_tracker(model, optimizer, (tokens, labels))
         with tracker, gloo_collective_copies(2) if gloo else contextlib.nullcontext():
-            logits = model(tokens, **kwargs)
-            # torchtitan's loss: fp32 cross-entropy over the flattened logits.
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
-            del logits
+            output = model(tokens)
+            if loss_chunks:
+                # The run's loss projects one chunk of the trained tokens at a time (every fake label is
+                # trained); one chunk's logits stand for each (torch's FSDP tracker takes one call per module).
+                chunk = -(-batch * seq_len // loss_chunks)
+                logits = model.lm_head(output.reshape(batch * seq_len, -1)[:chunk])
+                loss = torch.nn.functional.cross_entropy(logits.float(), labels.reshape(-1)[:chunk])
+                del logits
+            else:
+                # torchtitan's loss: fp32 cross-entropy over the flattened logits.
+                loss = torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), labels.flatten(0, 1))
+            del output
             loss.backward()
             forward_backward = grouped(tracker_peak_by_kind(tracker))
             torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)

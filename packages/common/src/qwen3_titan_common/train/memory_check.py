@@ -65,8 +65,9 @@ class JobModel:
                 batch=batch,
                 seq_len=config.training.seq_len,
                 vocab_size=vocab,
-                packed=bool(getattr(getattr(config, "dataloader", None), "packing", False)),
                 baseline_bytes=baseline_bytes,
+                # The trained-token loss is the CPU's (train.loss); a job planned here for another device has none.
+                loss_chunks=getattr(config.loss, "num_chunks", None) if self.device_kind == "cpu" else None,
                 gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
             )
         except fake_tensor_data_dependent_errors():

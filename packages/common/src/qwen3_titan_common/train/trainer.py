@@ -55,6 +55,7 @@ from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
+from qwen3_titan_common.train.loss import with_trained_token_loss
 from qwen3_titan_common.train.model_record import (
     check_data_position,
     check_model_record,
@@ -468,5 +469,6 @@ def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Co
     changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
     where = f"{model_dir.path}/config.json" if model_dir is not None else "the model's config.json"
     config = with_router_balance(dataclasses.replace(config, **changes), where)
+    config = with_trained_token_loss(config)
     config = with_expert_exchange(config, titan_utils.device_type)
     return start, with_lora(config, start)

@@ -1,0 +1,74 @@
+"""The language-model loss of a CPU run: the output projection and cross-entropy of the trained tokens only.
+
+A chat's system prompt and user turns are in the row but not trained (their labels are ignored): a third of
+the tokens of typical chat data. Their logits are computed and thrown away by a plain loss, and on a CPU the
+output projection at Qwen3's 151,936-token vocabulary is most of a small model's step. torchtitan's
+:class:`ChunkedLossWrapper` already has the model return its hidden states (``_skip_lm_head``) and applies
+``lm_head`` and the loss chunk by chunk, which also bounds the logits' memory; :class:`TrainedTokenLoss`
+hands it only the trained positions' hidden states. The loss is the same sum over the same tokens divided by
+the same count, so only the order of the fp32 sum differs from the plain loss.
+
+The selection has a shape that depends on the batch: not for Neuron (one graph per shape), CUDA graphs, or
+the layouts whose hidden states are sharded along the sequence or the vocabulary (tensor, context and
+pipeline parallelism), which keep torchtitan's plain cross-entropy (:func:`with_trained_token_loss`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper, CrossEntropyLoss
+from torchtitan.tools import utils as titan_utils
+
+
+class TrainedTokenLoss(ChunkedLossWrapper):
+    """torchtitan's chunked loss over the trained positions only (labels not ignored)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(ChunkedLossWrapper.Config):
+        num_chunks: int = 4
+        """Chunks the trained tokens are split into (each one's logits are alive at a time)."""
+
+    def __call__(
+        self,
+        pred: torch.Tensor,
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor | None = None,
+        **loss_inputs: Any,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        # pred: the model's hidden states (batch, seq, dim); labels (batch, seq).
+        trained_BL = labels != IGNORE_INDEX
+        hidden_ND = pred[trained_BL]
+        labels_N = labels[trained_BL]
+        # Equal chunks (torchtitan's requirement), padded with ignored rows of zeros; at least one row each.
+        padded = max(1, -(-labels_N.numel() // self.num_chunks)) * self.num_chunks
+        missing = padded - labels_N.numel()
+        if missing:
+            hidden_ND = torch.cat([hidden_ND, hidden_ND.new_zeros(missing, hidden_ND.shape[-1])])
+            labels_N = torch.cat([labels_N, labels_N.new_full((missing,), IGNORE_INDEX)])
+        return ChunkedLossWrapper.__call__(
+            self, hidden_ND[None], labels_N[None], global_valid_tokens, **loss_inputs
+        )
+
+
+def trained_token_loss_applies(config) -> bool:
+    """Whether a run of ``config`` computes its loss on the trained tokens only: on the CPU, with its hidden
+    states whole on every rank (no tensor, context or pipeline parallelism)."""
+    parallelism = config.parallelism
+    return (
+        titan_utils.device_type == "cpu"
+        and parallelism.tensor_parallel_degree == 1
+        and parallelism.context_parallel_degree == 1
+        and parallelism.pipeline_parallel_degree == 1
+    )
+
+
+def with_trained_token_loss(config):
+    """``config`` with its plain cross-entropy computed on the trained tokens only where that applies
+    (:func:`trained_token_loss_applies`); any other loss (the router balance loss) is left as it is."""
+    if type(config.loss) is not CrossEntropyLoss.Config or not trained_token_loss_applies(config):
+        return config
+    return dataclasses.replace(config, loss=TrainedTokenLoss.Config(loss_fn=config.loss))

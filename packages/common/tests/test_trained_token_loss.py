@@ -1,0 +1,122 @@
+"""The CPU's loss (``train.loss``): torchtitan's chunked loss over the trained tokens only gives the plain
+cross-entropy's loss and gradients; it applies where the hidden states are whole, and nowhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from qwen3_titan_common.assets import default_architecture
+from qwen3_titan_common.compat import apply_lm_head_in_loss
+from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
+from qwen3_titan_common.train.loss import (
+    TrainedTokenLoss,
+    trained_token_loss_applies,
+    with_trained_token_loss,
+)
+from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
+
+
+def _gamma(terms: int, dtype: torch.dtype = torch.float64) -> float:
+    """Higham's bound on the relative error of a ``terms``-term floating-point sum."""
+    unit = torch.finfo(dtype).eps / 2
+    return terms * unit / (1 - terms * unit)
+
+
+def _model():
+    torch.manual_seed(0)
+    model = titan_qwen3_model_config(default_architecture(), attention="blocks").build()
+    model.init_states()
+    return model.to(torch.float64)
+
+
+def _grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("num_chunks", [1, 3, 8])
+def test_the_trained_tokens_loss_and_gradients_equal_the_plain_cross_entropy(num_chunks):
+    arch = default_architecture()
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, arch.vocab_size, (2, 48), generator=generator)
+    labels = torch.randint(0, arch.vocab_size, (2, 48), generator=generator)
+    labels[0, :20] = IGNORE_INDEX  # a prompt
+    labels[1, 30:] = IGNORE_INDEX  # padding
+    labels[1, 5:9] = IGNORE_INDEX
+    positions = torch.cat([torch.arange(24), torch.arange(24)]).repeat(2, 1)
+    trained = (labels != IGNORE_INDEX).sum()
+
+    ours = _model()
+    loss_fn = TrainedTokenLoss.Config(num_chunks=num_chunks, loss_fn=CrossEntropyLoss.Config()).build()
+    loss_fn.set_lm_head(ours.lm_head)
+    apply_lm_head_in_loss(ours)
+    hidden = ours(tokens, positions)
+    assert hidden.shape[-1] == arch.hidden_size  # the model returned its hidden states
+    hidden.retain_grad()
+    chunked, _ = loss_fn(hidden, labels, trained)
+    chunked.backward()
+
+    # The plain loss on every position's logits, with the hidden states cut from the model: its own gradient of
+    # the hidden states, and lm_head's gradient from the logits.
+    plain = _model()
+    apply_lm_head_in_loss(plain)
+    plain_hidden = plain(tokens, positions)
+    cut = plain_hidden.detach().requires_grad_()
+    loss, _ = CrossEntropyLoss.Config().build()(plain.lm_head(cut), labels, trained)
+    loss.backward()
+
+    # The same terms summed in another order (chunk by chunk): the trained tokens' cross-entropies, each over
+    # the vocabulary, which torchtitan's loss computes in fp32; a gradient sums one fp64 term per trained token.
+    terms = arch.vocab_size + arch.hidden_size + int(trained)
+    assert abs(chunked.item() - loss.item()) <= 2 * _gamma(terms, torch.float32) * loss.item()
+    # torchtitan's chunked loss accumulates the hidden states' gradient in fp32 (GradAccumulator): each
+    # element within fp32's unit roundoff of the fp64 one, plus the fp64 reordering.
+    unit32 = torch.finfo(torch.float32).eps / 2
+    reference = cut.grad
+    bound = unit32 * reference.abs() + 2 * _gamma(terms) * reference.abs().amax()
+    assert ((hidden.grad - reference).abs() <= bound).all()
+    # The decoder's gradients from the hidden states' gradient the chunked loss passed down: the plain model's
+    # backward of the same gradient gives them up to the fp64 reordering.
+    plain_hidden.backward(hidden.grad)
+    expected = _grads(plain)
+    got = _grads(ours)
+    assert expected.keys() == got.keys()
+    for name, grad in expected.items():
+        bound = 2 * _gamma(terms) * int(trained) * grad.abs().amax().item()
+        assert (got[name] - grad).abs().amax().item() <= bound, name
+
+
+def test_a_batch_without_trained_tokens_has_zero_loss_and_gradient():
+    model = _model()
+    loss_fn = TrainedTokenLoss.Config(loss_fn=CrossEntropyLoss.Config()).build()
+    loss_fn.set_lm_head(model.lm_head)
+    apply_lm_head_in_loss(model)
+    labels = torch.full((1, 16), IGNORE_INDEX)
+    loss, _ = loss_fn(model(torch.zeros(1, 16, dtype=torch.long)), labels, torch.tensor(1))
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_it_applies_on_the_cpu_with_whole_hidden_states_and_leaves_other_losses(monkeypatch):
+    from torchtitan.config import TrainingConfig
+    from torchtitan.tools import utils as titan_utils
+    from torchtitan.trainer import Trainer
+
+    # CUDA graphs off, as on a CPU (torchtitan refuses them with pipeline parallelism when it parses a config).
+    config = Trainer.Config(
+        loss=CrossEntropyLoss.Config(global_vocab_size=4096),
+        training=TrainingConfig(disable_cuda_graphs=True),
+    )
+    assert trained_token_loss_applies(config)
+    wrapped = with_trained_token_loss(config)
+    assert isinstance(wrapped.loss, TrainedTokenLoss.Config) and wrapped.loss.loss_fn is config.loss
+    assert with_trained_token_loss(wrapped) is wrapped  # not wrapped twice
+    for field in ("tensor_parallel_degree", "context_parallel_degree", "pipeline_parallel_degree"):
+        sharded = dataclasses.replace(
+            config, parallelism=dataclasses.replace(config.parallelism, **{field: 2})
+        )
+        assert with_trained_token_loss(sharded) is sharded, field
+    monkeypatch.setattr(titan_utils, "device_type", "cuda")
+    assert with_trained_token_loss(config) is config

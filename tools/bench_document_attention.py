@@ -1,0 +1,233 @@
+"""Benchmark: a training step on packed chats with per-document attention against the same step under plain
+causal attention (CPU), for both backends, and one attention layer alone.
+
+    uv run python -m tools.bench_document_attention [--seq 2048 4096] [--steps 3] [--layers 8] [--json out.json]
+
+Also run by ``tools/bench_packing.py`` (one run gives its table and this one). The rows are the packing
+benchmark's chats (400 synthetic chats with the real Qwen3 tokenizer and hybrid template, median ~300 tokens)
+packed by our loader (``TextChatDataLoader``, the run's own packing) into rows of ``seq`` tokens, one row a
+step. The model is Qwen3-0.6B's shape (hidden 1024, 16 query and 8 kv heads of 128, MLP 3072, the 151,936-token
+vocabulary, tied) cut to ``--layers`` layers, random weights, fp32. Each (backend, seq, attention) runs in a
+fresh process, one after another: the backend's model as it trains (native: torchtitan's Qwen3 with our
+``DocumentBlockAttention``; hf-v5: transformers' Qwen3 with our registered block-sparse attention), the loss
+a CPU run uses (``train.loss.TrainedTokenLoss``), AdamW; a step is forward, backward and the optimizer step,
+the first one not timed. "document" passes the rows' positions, so each token attends only to earlier tokens
+of its own chat, in the blocks that hold such pairs; "causal" passes none: plain causal SDPA over the whole
+row (what a run without document masking computes). Same rows, same weights, same loss on both sides.
+Also: one attention layer's forward and backward at each seq (16 heads x 128, 8 kv heads, fp32) under causal
+SDPA, SDPA with the dense document mask, and the block-sparse attention, on the same rows.
+Target: document step time / causal step time <= 0.8 at seq 2048 and 4096, both backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REAL_WIDTH = {
+    "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960, "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "model_type": "qwen3",
+}  # fmt: skip
+TARGET = 0.8
+
+
+def packed_rows(data: Path, tokenizer_dir: Path, seq: int, rows: int):
+    """The first ``rows`` rows our loader packs from the chats: (inputs, labels, positions), each (rows, seq)."""
+    import warnings
+
+    import torch
+    from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*set_vital.*")
+        loader = TextChatDataLoader.Config(
+            dataset=str(data), held_out=0.0, packing=True, infinite=True
+        ).build(
+            dp_world_size=1,
+            dp_rank=0,
+            tokenizer=ChatTemplateTokenizer.Config().build(tokenizer_path=str(tokenizer_dir)),
+            seq_len=seq,
+            local_batch_size=1,
+        )
+        batches = []
+        for inputs, labels in loader:
+            batches.append((inputs["input"], labels, inputs["positions"]))
+            if len(batches) == rows:
+                break
+    return [torch.cat(parts) for parts in zip(*batches, strict=True)]
+
+
+def _model(backend: str, layers: int):
+    import torch
+
+    config = dict(REAL_WIDTH, num_hidden_layers=layers)
+    torch.manual_seed(0)
+    if backend == "native":
+        from qwen3_titan_common.arch.architecture import architecture_from_config
+        from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
+
+        model = titan_qwen3_model_config(architecture_from_config(config, where="bench")).build()
+        model.init_states()
+        return model
+    from qwen3_titan_hf_v5.model import HFCausalLM
+
+    return HFCausalLM.Config(hf_config=config, attention="blocks").build()
+
+
+def step_worker(
+    backend: str, seq: int, attention: str, steps: int, layers: int, data: str, tokenizer_dir: str
+):
+    """Prints the step times of ``steps`` training steps (one row each) as JSON."""
+    import torch
+    from qwen3_titan_common.compat import apply_lm_head_in_loss
+    from qwen3_titan_common.train.loss import TrainedTokenLoss
+    from torchtitan.components.loss import CrossEntropyLoss
+
+    inputs, labels, positions = packed_rows(Path(data), Path(tokenizer_dir), seq, steps)
+    model = _model(backend, layers)
+    model.train()
+    loss_fn = TrainedTokenLoss.Config(loss_fn=CrossEntropyLoss.Config()).build()
+    loss_fn.set_lm_head(model.lm_head)
+    apply_lm_head_in_loss(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    seconds = []
+    for i in range(steps):
+        start = time.perf_counter()
+        kwargs = {"positions": positions[i : i + 1]} if attention == "document" else {}
+        hidden = model(inputs[i : i + 1], **kwargs)
+        trained = (labels[i : i + 1] != -100).sum()
+        loss, _ = loss_fn(hidden, labels[i : i + 1], trained)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds.append(time.perf_counter() - start)
+    print(json.dumps({"seconds": seconds, "loss": float(loss)}))
+
+
+def layer_worker(seq: int, data: str, tokenizer_dir: str) -> None:
+    """One attention layer's forward and backward on the first packed row, three ways; prints seconds as JSON."""
+    import torch
+    import torch.nn.functional as F
+    from qwen3_titan_common.models.attention import document_causal_mask
+    from qwen3_titan_common.models.document_blocks import block_sparse_attention, document_blocks
+
+    _, _, positions = packed_rows(Path(data), Path(tokenizer_dir), seq, 1)
+    heads, kv_heads, dim = (
+        REAL_WIDTH["num_attention_heads"],
+        REAL_WIDTH["num_key_value_heads"],
+        REAL_WIDTH["head_dim"],
+    )
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, seq, heads, dim, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, seq, kv_heads, dim, generator=g, requires_grad=True) for _ in range(2))
+    mask = document_causal_mask(positions)
+    blocks = document_blocks(positions)
+
+    def sdpa(**kw):
+        return F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), enable_gqa=True, **kw)
+
+    ways = {
+        "causal SDPA": lambda: sdpa(is_causal=True),
+        "SDPA, dense document mask": lambda: sdpa(attn_mask=mask),
+        "block-sparse (ours)": lambda: block_sparse_attention(q, k, v, blocks),
+    }
+    best = {}
+    for name, run in ways.items():
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            run().sum().backward()
+            times.append(time.perf_counter() - start)
+        best[name] = min(times)
+    print(json.dumps({"seconds": best, "pairs": blocks.num_pairs, "causal_pairs": blocks.causal_pairs}))
+
+
+def _fresh(code: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def measure(
+    data: Path, tokenizer_dir: Path, seqs: list[int], steps: int, layers: int, backends=("native", "hf-v5")
+) -> dict:
+    """Every (backend, seq, attention) step run and every layer run, each in a fresh process."""
+    figures: dict = {"layers": layers, "steps": steps, "steps_timed": steps - 1, "rows": {}, "layer": {}}
+    for seq in seqs:
+        code = f"from tools import bench_document_attention as b; b.layer_worker({seq}, {str(data)!r}, {str(tokenizer_dir)!r})"
+        figures["layer"][seq] = _fresh(code)
+        for backend in backends:
+            row = {}
+            for attention in ("causal", "document"):
+                code = (
+                    "from tools import bench_document_attention as b; "
+                    f"b.step_worker({backend!r}, {seq}, {attention!r}, {steps}, {layers}, {str(data)!r}, "
+                    f"{str(tokenizer_dir)!r})"
+                )
+                result = _fresh(code)
+                row[attention] = statistics.median(result["seconds"][1:])
+                print(f"  {backend}, seq {seq}, {attention}: {row[attention]:.2f} s a step", flush=True)
+            row["ratio"] = row["document"] / row["causal"]
+            figures["rows"][f"{backend} {seq}"] = row
+    return figures
+
+
+def report(figures: dict) -> list[str]:
+    lines = [
+        f"Training step on packed chats, per-document block-sparse vs plain causal attention (Qwen3-0.6B shape, "
+        f"{figures['layers']} layers, fp32, one row a step, median of {figures['steps_timed']} timed steps):",
+        "| backend, seq | causal s/step | document s/step | document / causal | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in figures["rows"].items():
+        verdict = "met" if row["ratio"] <= TARGET else "MISSED"
+        lines.append(
+            f"| {name} | {row['causal']:.2f} | {row['document']:.2f} | {row['ratio']:.2f} | <= {TARGET}: {verdict} |"
+        )
+    lines.append(
+        "One attention layer, forward + backward (16 heads x 128, 8 kv heads, fp32), the first packed row:"
+    )
+    for seq, layer in figures["layer"].items():
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in layer["seconds"].items())
+        lines.append(
+            f"  seq {seq}: {parts}; block pairs {layer['pairs']} of causal's {layer['causal_pairs']}"
+        )
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seq", type=int, nargs="+", default=[2048, 4096])
+    parser.add_argument("--steps", type=int, default=3, help="steps per run, the first not timed")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--backends", nargs="+", default=["native", "hf-v5"], choices=["native", "hf-v5"])
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    from qwen3_titan_common.perf.precision import describe_cpu
+    from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
+
+    from tools.bench_packing import make_chats
+
+    print(describe_cpu(), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer_dir = qwen3_tokenizer_dir(Path(tmp) / "tokenizer")
+        data = Path(tmp) / "chats.jsonl"
+        make_chats(data, tokenizer_dir)
+        figures = measure(data, tokenizer_dir, args.seq, args.steps, args.layers, args.backends)
+    print("\n".join(report(figures)))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
