@@ -153,6 +153,16 @@ def test_fixed_shapes_pad_to_one_chunk_shape_and_a_power_of_two_chunks_with_the_
     bound = _output_bound(q, k, v, torch.float64) * 160 * grad_out.abs().amax().item() * 10
     for a, b in zip(*results, strict=True):
         assert (a - b).abs().amax().item() <= bound
+    # Whatever the documents, one chunk shape (even where a long document needs more pairs than asked for
+    # a chunk: 12 blocks a row here) and a handful of chunk counts.
+    shapes = set()
+    for seed in range(8):
+        layout = document_blocks(
+            _rows(seed, batch=2, seq_len=192), block_size=BLOCK, pairs_per_chunk=4, fixed_shapes=True
+        )
+        shapes |= {tuple(chunk.allowed_PQK.shape) for chunk in layout.chunks}
+        assert math.log2(len(layout.chunks)).is_integer()
+    assert shapes == {(12, BLOCK, BLOCK)}
 
 
 def test_a_row_that_begins_inside_a_document_and_bad_shapes():

@@ -107,7 +107,8 @@ def document_blocks(
     count_Q = (block_Bn - low_Bn + 1).flatten()
     low_Q = (low_Bn + torch.arange(batch, device=device)[:, None] * n).flatten()
     counts = count_Q.tolist()
-    pairs_per_chunk = max(pairs_per_chunk, max(counts))  # a query block's pairs always fit one chunk
+    # A query block's pairs always fit one chunk; with fixed shapes, whatever the batch (at most a row's blocks).
+    pairs_per_chunk = max(pairs_per_chunk, n if fixed_shapes else max(counts))
 
     num_query = batch * n
     doc_Qb = doc_BL.view(num_query, block_size)
@@ -148,8 +149,8 @@ def document_blocks(
 
 
 def _to_blocks(x_BLHD: torch.Tensor, blocks: DocumentBlocks, dtype: torch.dtype) -> torch.Tensor:
-    """``(batch, seq, heads, dim)`` -> ``(query blocks + 1, kv heads, group x block, dim)``: the group of query
-    heads sharing a kv head folded into the rows; one zero block at the end for padding pairs."""
+    """``(batch, seq, heads, dim)`` -> ``(batch x blocks, heads, block, dim)`` in ``dtype``, each row padded to
+    whole blocks."""
     batch, seq_len, heads, dim = x_BLHD.shape
     b, n = blocks.block_size, blocks.blocks_per_row
     x = torch.nn.functional.pad(x_BLHD.to(dtype), (0, 0, 0, 0, 0, n * b - seq_len))
