@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from qwen3_titan_common.models.attention import document_causal_mask
 from qwen3_titan_common.models.document_blocks import block_sparse_attention, document_blocks
+from qwen3_titan_common.train.tolerance import assert_close_reduction, reduction_atol
 
 BLOCK = 16
 
@@ -37,12 +38,6 @@ def _rows(seed: int, batch: int, seq_len: int) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def _gamma(dtype: torch.dtype, terms: int) -> float:
-    """Higham's bound on the relative error of a floating-point sum or dot product of ``terms`` terms."""
-    unit = torch.finfo(dtype).eps / 2
-    return terms * unit / (1 - terms * unit)
-
-
 def _inputs(
     seed: int, positions: torch.Tensor, dtype: torch.dtype, heads: int = 4, kv_heads: int = 2, dim: int = 16
 ):
@@ -65,18 +60,31 @@ def _dense(q, k, v, positions):
     return out.transpose(1, 2)
 
 
-def _output_bound(q, k, v, dtype) -> float:
-    """How far two correct evaluations of softmax(q k^T / sqrt(d)) v in ``dtype`` can lie apart: each score's
-    dot product of ``d`` terms errs by gamma_d times the sum of its terms' magnitudes, which perturbs each
-    softmax weight by that relatively; the weighted sum over at most ``seq`` keys adds gamma_seq. Both sides
-    err, hence the factor 2; the weights sum to 1, so each output is bounded by max |v|."""
-    dim, seq_len = q.shape[-1], q.shape[1]
-    score_terms = (q.detach().abs().amax() * k.detach().abs().amax() * dim / math.sqrt(dim)).item()
-    return (
-        2
-        * v.detach().abs().amax().item()
-        * (_gamma(dtype, dim) * score_terms * 2 + _gamma(dtype, seq_len + 4))
-    )
+def _bounds(q, k, v, grad_out, dtype) -> dict[str, tuple[int, float, float]]:
+    """(reduction length, sum |terms|, error carried in) of the output and of each gradient, for the project's
+    rule (``train.tolerance``). A score is a dim-term dot product of at most S = scale * dim * max|q| * max|k|,
+    off by ds; a softmax weight moves by at most 2 * p * ds; the output sums at most seq weighted values
+    (weights summing to 1). The backward: dp and delta are dim-term dot products of at most
+    M = dim * max|dO| * max|v|, and dS = p * (dp - delta) errs by 2p * ds * 2M plus p times theirs; dq sums
+    over keys (weights summing to 1), dk and dv over at most seq queries."""
+    seq_len, dim = q.shape[1], q.shape[-1]
+    scale = 1 / math.sqrt(dim)
+    mq, mk, mv, mo = (t.detach().abs().amax().item() for t in (q, k, v, grad_out))
+    score = reduction_atol(dim, scale * dim * mq * mk, dtype)
+    m = dim * mo * mv
+    ds = 4 * score * m + 2 * reduction_atol(dim, m, dtype)
+    return {
+        "out": (seq_len, mv, 2 * mv * score),
+        "q": (seq_len, scale * mk * 2 * m, scale * mk * ds),
+        "k": (seq_len, scale * mq * seq_len * 2 * m, scale * mq * seq_len * ds),
+        "v": (seq_len, seq_len * mo, 2 * score * seq_len * mo),
+    }
+
+
+def _assert_close(actual, expected, bound, dtype, name):
+    n_terms, abs_sum, atol = bound
+    # Both sides also round a few elementwise steps (the exponential, the shift, the division): one term each.
+    assert_close_reduction(actual, expected, [n_terms, 1, 1, 1], abs_sum, dtype=dtype, atol=atol, name=name)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -88,16 +96,13 @@ def test_values_and_gradients_equal_the_dense_document_mask(seed, seq_len):
     q, k, v = _inputs(seed, positions, torch.float64)
     ours = block_sparse_attention(q, k, v, blocks)
     dense = _dense(q, k, v, positions)
-    assert (ours - dense).abs().amax().item() <= _output_bound(q, k, v, torch.float64)
     grad_out = torch.randn_like(ours)
+    bounds = _bounds(q, k, v, grad_out, torch.float64)
+    _assert_close(ours, dense, bounds["out"], torch.float64, "out")
     grads = torch.autograd.grad(ours, (q, k, v), grad_out)
     dense_grads = torch.autograd.grad(dense, (q, k, v), grad_out)
-    # Each gradient is a sum over at most seq terms of products of the forward's quantities with grad_out:
-    # the forward's bound scaled by grad_out's size and the seq_len terms of that sum.
-    scale = grad_out.abs().amax().item() * (q.abs().amax() + k.abs().amax() + v.abs().amax()).item()
-    bound = _output_bound(q, k, v, torch.float64) * scale * seq_len
     for name, ours_grad, dense_grad in zip("qkv", grads, dense_grads, strict=True):
-        assert (ours_grad - dense_grad).abs().amax().item() <= bound, name
+        _assert_close(ours_grad, dense_grad, bounds[name], torch.float64, f"grad {name}")
 
 
 def test_fp32_values_within_the_derived_bound_and_bf16_inputs_keep_their_dtype():
@@ -105,9 +110,8 @@ def test_fp32_values_within_the_derived_bound_and_bf16_inputs_keep_their_dtype()
     blocks = document_blocks(positions, block_size=BLOCK)
     q, k, v = _inputs(7, positions, torch.float32)
     exact = _dense(*(t.detach().double() for t in (q, k, v)), positions)
-    assert (block_sparse_attention(q, k, v, blocks).double() - exact).abs().amax().item() <= _output_bound(
-        q, k, v, torch.float32
-    )
+    ours = block_sparse_attention(q, k, v, blocks).detach().double()
+    _assert_close(ours, exact, _bounds(q, k, v, q, torch.float32)["out"], torch.float32, "fp32 out")
     low = [t.detach().bfloat16().requires_grad_() for t in (q, k, v)]
     out = block_sparse_attention(*low, blocks)
     out.sum().backward()
@@ -150,9 +154,9 @@ def test_fixed_shapes_pad_to_one_chunk_shape_and_a_power_of_two_chunks_with_the_
     for blocks in (exact, fixed):
         out = block_sparse_attention(q, k, v, blocks)
         results.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
-    bound = _output_bound(q, k, v, torch.float64) * 160 * grad_out.abs().amax().item() * 10
-    for a, b in zip(*results, strict=True):
-        assert (a - b).abs().amax().item() <= bound
+    bounds = _bounds(q, k, v, grad_out, torch.float64)
+    for name, a, b in zip(("out", "q", "k", "v"), *results, strict=True):
+        _assert_close(a, b, bounds[name], torch.float64, name)
     # Whatever the documents, one chunk shape (even where a long document needs more pairs than asked for
     # a chunk: 12 blocks a row here) and a handful of chunk counts.
     shapes = set()
@@ -171,8 +175,9 @@ def test_a_row_that_begins_inside_a_document_and_bad_shapes():
     q, k, v = _inputs(0, positions, torch.float64)
     blocks = document_blocks(positions, block_size=BLOCK)
     dense_positions = torch.tensor([list(range(40)) + list(range(24))])  # the same documents, restarted
-    assert (block_sparse_attention(q, k, v, blocks) - _dense(q, k, v, dense_positions)).abs().amax() <= (
-        _output_bound(q, k, v, torch.float64)
+    bound = _bounds(q, k, v, q, torch.float64)["out"]
+    _assert_close(
+        block_sparse_attention(q, k, v, blocks), _dense(q, k, v, dense_positions), bound, torch.float64, "out"
     )
     # One document per row (from its start, or a continuation): plain causal attention, no block pairs.
     assert document_blocks(torch.arange(64).repeat(2, 1)) is None
