@@ -30,6 +30,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 DOCUMENT_SDPA = "qwen3_titan_document_sdpa"
 DOCUMENT_BLOCKS = "qwen3_titan_document_blocks"
+# The ``document_blocks`` keyword's default: nothing handed down, so the pairs come from ``position_ids``.
+_FROM_POSITIONS = object()
 
 
 def document_blocks_attention(
@@ -39,16 +41,18 @@ def document_blocks_attention(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
-    document_blocks: block_sparse.DocumentBlocks | None = None,
+    document_blocks=_FROM_POSITIONS,
     position_ids: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Block-sparse per-document attention of ``(batch, heads, seq, head_dim)`` tensors, as transformers calls
     an attention function; ``(batch, seq, heads, head_dim)`` out. The block pairs come from the model's forward
-    (``document_blocks``) or, for a caller that passes positions only, from ``position_ids``; without either,
-    or with one document per row, causal SDPA."""
-    if document_blocks is None and position_ids is not None:
-        document_blocks = block_sparse.document_blocks(position_ids.expand(query.shape[0], -1))
+    (``document_blocks``, None for one document per row) or, for a caller that hands none down, from
+    ``position_ids``; None, or neither, is causal SDPA."""
+    if document_blocks is _FROM_POSITIONS:
+        document_blocks = None
+        if position_ids is not None:
+            document_blocks = block_sparse.document_blocks(position_ids.expand(query.shape[0], -1))
     if document_blocks is None:
         return sdpa_attention_forward(
             module, query, key, value, None, scaling=scaling, is_causal=True, **kwargs

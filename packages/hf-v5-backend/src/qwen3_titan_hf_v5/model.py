@@ -183,10 +183,11 @@ class HFCausalLM(BaseModel):
         # cache.
         routed = self._is_moe and self.training
         blocks = {}
-        if self._block_sparse and positions is not None:
-            blocks["document_blocks"] = document_blocks(positions, fixed_shapes=self._fixed_shapes)
-            if blocks["document_blocks"] is None:  # one document per row: causal SDPA
-                blocks = {}
+        if self._block_sparse:
+            # Handed to every layer, None included (one document per row: causal SDPA), so none derives them.
+            blocks["document_blocks"] = (
+                document_blocks(positions, fixed_shapes=self._fixed_shapes) if positions is not None else None
+            )
         outputs = self.model(
             input_ids=tokens,
             position_ids=positions,
