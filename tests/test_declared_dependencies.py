@@ -12,7 +12,6 @@ import ast
 import re
 import sys
 import tomllib
-import warnings
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import packages_distributions
@@ -205,19 +204,17 @@ def test_test_imports_are_declared(name):
 
 @pytest.mark.parametrize("name", PACKAGES)
 def test_declared_dependencies_are_imported(name):
-    """Declared but never imported costs every user an install: reported as a warning, not a failure."""
+    """Declared but never imported costs every user an install."""
     member = members()[name]
     used: set[str] = set()
     for path in (member.folder / "src").rglob("*.py"):
         for imp in required_imports(path, include_optional=True):
             used |= distributions_of_module().get(imp.module, frozenset())
-    for dist in sorted(member.declared - used - set(PINS)):
-        warnings.warn(
-            f"{member.pyproject}: declares {dist}, which nothing under src/ imports; "
-            f"drop it, or add it to PINS in tests/test_declared_dependencies.py with the reason",
-            UserWarning,
-            stacklevel=1,
-        )
+    unused = sorted(member.declared - used - set(PINS))
+    assert not unused, (
+        f"{member.pyproject}: declares {', '.join(unused)}, which nothing under src/ imports; "
+        f"drop it, or add it to PINS in tests/test_declared_dependencies.py with the reason"
+    )
 
 
 def test_the_check_names_an_undeclared_import(tmp_path):

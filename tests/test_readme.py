@@ -61,8 +61,12 @@ def _fresh_copy(target: Path) -> None:
 
 
 def _user_env() -> dict[str, str]:
-    """The environment of someone who just cloned: no project environment chosen, no backend forced."""
-    drop = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "QWEN3_TITAN_BACKEND", "PYTEST_CURRENT_TEST")
+    """The environment of someone who just cloned: no project environment chosen, no backend forced, Python free
+    to keep the bytecode it compiles (the README's note covers PYTHONDONTWRITEBYTECODE)."""
+    drop = (
+        "VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "QWEN3_TITAN_BACKEND", "PYTEST_CURRENT_TEST",
+        "PYTHONDONTWRITEBYTECODE", "UV_COMPILE_BYTECODE",
+    )  # fmt: skip
     # Offline: everything the lock names is in uv's cache on the machines that run this test.
     return {**{k: v for k, v in os.environ.items() if k not in drop}, "UV_OFFLINE": "1"}
 
@@ -75,6 +79,8 @@ def _run(words: list[str], cwd: Path) -> tuple[str, str]:
     done = subprocess.run(words, cwd=cwd, env=_user_env(), capture_output=True, text=True, timeout=1800)
     log = done.stdout + done.stderr
     assert done.returncode == 0, f"{shlex.join(words)} exited {done.returncode}:\n{log[-4000:]}"
+    # uv compiles no bytecode per run (it would re-check every file of the environment each time).
+    assert "Bytecode compiled" not in log, f"{shlex.join(words)}: {log[:300]}"
     if target is not None:
         (cwd / target).write_text(done.stdout)
     return done.stdout, log

@@ -25,9 +25,8 @@ def missing_test_runner(package: Package) -> str:
 
 def sync_command(package: Package) -> list[str]:
     # uv installs only the default groups ("dev") unless told: each of the package's groups is named.
-    # No bytecode compilation here (the workspace's compile-bytecode is for a user's first `train`):
-    # compiling all 14k files of the stack takes 20-50 s per environment on two cores, while the
-    # tests compile the few they import once, into the reused environment.
+    # No bytecode compilation here: compiling all 14k files of the stack takes 20-50 s per environment
+    # on two cores, while a package's tests import a few of them.
     groups = [arg for group in package.groups for arg in ("--group", group)]
     return ["uv", "sync", "--locked", "--package", package.name, "--no-compile-bytecode", *groups]
 

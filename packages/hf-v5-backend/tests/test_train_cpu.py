@@ -1,6 +1,7 @@
 """hf-v5-backend trains end to end through the real launcher and Trainer, and its exports load."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen3_titan_common.assets import DEBUG_MOE_CONFIG
+from qwen3_titan_common.assets import DEBUG_MOE_CONFIG, default_architecture
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
 from qwen3_titan_common.perf.train_log import parse_step_lines
@@ -56,7 +57,9 @@ def test_default_config_trains_logs_and_exports_a_loadable_model(tmp_path):
     assert "device: cpu x1" in log and "--module qwen3_titan_hf_v5 --config debug" in log
     steps = parse_step_lines(log)
     assert [s.step for s in steps] == list(range(1, 31))
-    assert steps[0].loss > 7.5  # near ln(4096) = 8.3 at random init
+    # Random init predicts the vocabulary nearly uniformly: the first loss is about ln(vocab), as the HF round
+    # trip's test bounds it.
+    assert abs(steps[0].loss - math.log(default_architecture().vocab_size)) < 0.5
     assert steps[-1].loss < steps[0].loss - 1.5
     assert all(s.tokens_per_second > 0 and s.memory_gib > 0 for s in steps)
     export = tmp_path / "out" / "hf" / "step-30"

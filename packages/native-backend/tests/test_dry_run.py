@@ -104,3 +104,35 @@ def test_a_run_that_names_no_batch_gets_the_largest_that_fits_the_stated_memory(
     # Stated before torchrun starts, and what the ranks train.
     assert run.stderr.index("[train] memory:") < run.stderr.index("torchrun")
     assert f"local batch size {batch}," in run.stdout + run.stderr
+
+
+def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_path):
+    """More FSDP ranks, checked by the same estimate: the debug job planned for a GPU whose memory holds its
+    activations and under a third of its weights, gradients and optimizer state."""
+    from qwen3_titan_common.cli.plan import LaunchPlan
+    from qwen3_titan_common.perf.fit import RankMemory
+    from qwen3_titan_common.train.dry_run import as_fake_rank, checked_config
+    from qwen3_titan_common.train.memory_check import estimate_rank0, with_more_nodes
+
+    plan = LaunchPlan(
+        module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
+        rdzv_endpoint="localhost:0",
+        passthrough=["--dump_folder", str(tmp_path), "--training.local_batch_size", "1", "--training.seq_len", "32"],
+    )  # fmt: skip
+    with as_fake_rank(plan):
+        config, _ = checked_config(plan)
+        job, estimate = estimate_rank0(plan, config, "cuda")
+        state = sum(estimate.by_kind[kind] for kind in ("params", "grads", "optimizer"))
+        assert state > estimate.by_kind["activations"], estimate.describe()
+        memory = RankMemory(estimate.total_bytes - state + int(state * 0.3), "a small GPU")
+        assert estimate.total_bytes > memory.bytes_per_rank
+        found = with_more_nodes(job, estimate, memory, plan.nnodes)
+        assert found is not None
+        nodes, ranks, tried = found
+        # Each node keeps the job's 2 ranks; the fewest nodes whose ranks fit, by the tracker of the dry run.
+        assert ranks == 2 * nodes and nodes in (4, 8, 16) and tried.total_bytes <= memory.bytes_per_rank
+        assert tried.by_kind["params"] < estimate.by_kind["params"] * 2 / nodes
+        fewer = job.on_ranks(ranks // 2).step_memory(
+            batch=1, ac_config=config.activation_checkpoint, baseline_bytes=estimate.baseline_bytes
+        )
+        assert fewer.total_bytes > memory.bytes_per_rank

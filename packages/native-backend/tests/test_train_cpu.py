@@ -1,5 +1,6 @@
 """The embedded default trains end to end through the real launcher and Trainer."""
 
+import math
 import os
 import platform
 import shlex
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.assets import default_architecture
 from qwen3_titan_common.perf.train_log import parse_step_lines
 
 TRAIN = str(Path(sys.executable).with_name("train"))
@@ -26,7 +28,9 @@ def test_default_config_trains_logs_and_checkpoints(tmp_path):
     log = _train(["--dump_folder", str(tmp_path / "out")], cwd=tmp_path)
     steps = parse_step_lines(log)
     assert [s.step for s in steps] == list(range(1, 31))
-    assert steps[0].loss > 7.5  # near ln(4096) = 8.3 at random init
+    # Random init predicts the vocabulary nearly uniformly: the first loss is about ln(vocab), as the HF round
+    # trip's test bounds it.
+    assert abs(steps[0].loss - math.log(default_architecture().vocab_size)) < 0.5
     assert steps[-1].loss < steps[0].loss - 1.5
     assert all(s.tokens_per_second > 0 and s.memory_gib > 0 for s in steps)
     assert "device: cpu x1" in log

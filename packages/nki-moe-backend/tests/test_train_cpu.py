@@ -1,11 +1,13 @@
 """debug_moe trains on CPU with the reference kernels, through the real launcher."""
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.assets import default_architecture
 from qwen3_titan_common.perf.train_log import parse_step_lines
 
 # The shared `train` script, choosing this backend as `uv run --package nki-moe-backend train` does.
@@ -27,8 +29,13 @@ def test_debug_moe_loss_falls_with_reference_kernels(tmp_path):
     )
     steps = parse_step_lines(log)
     assert [s.step for s in steps] == list(range(1, 13))
-    assert steps[0].loss > 7.5  # about ln(4096) = 8.3 at random init
+    # Random init predicts the vocabulary nearly uniformly: the first loss is about ln(vocab), as the HF round
+    # trip's test bounds it.
+    assert abs(steps[0].loss - math.log(default_architecture().vocab_size)) < 0.5
     assert min(s.loss for s in steps[-3:]) < steps[0].loss - 1.0
+    # Routing changes the experts' row counts every step; the CPU's grouped GEMMs run them at a few padded shapes,
+    # so the rank's memory levels off (at one oneDNN primitive per count it grew ~27 MiB a step: 0.2 GiB here).
+    assert steps[-1].memory_gib - steps[3].memory_gib < 0.1, [s.memory_gib for s in steps]
     for op in ("grouped_swiglu", "rope_hf", "rms_norm"):
         assert f"[kernels] {op}: reference (QWEN3_TITAN_DEVICE=cpu" in log
     assert "Applied 11 override(s)" in log

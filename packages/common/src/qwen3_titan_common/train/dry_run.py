@@ -215,7 +215,7 @@ def dry_run(plan: PlannedJob) -> int:
             if fits:
                 print(f"[dry-run] memory {said}: {line}")
             else:
-                print(f"train: {does_not_fit(job, estimate, line, memory)}", file=sys.stderr)
+                print(f"train: {does_not_fit(job, estimate, line, memory, plan.nnodes)}", file=sys.stderr)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -293,7 +293,7 @@ def check_before_launch(plan: PlannedJob) -> list[str]:
         if not any(flag in plan.passthrough for flag in BATCH_FLAGS):
             fitting = largest_fitting_batch(job, estimate, memory)
         if fitting is None:
-            raise UserInputError(does_not_fit(job, estimate, line, memory))
+            raise UserInputError(does_not_fit(job, estimate, line, memory, plan.nnodes))
         batch, tried = fitting
         _, fitted = fit_line(plan, tried, memory)
         print(

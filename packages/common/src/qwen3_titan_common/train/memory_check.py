@@ -7,6 +7,8 @@ The dry run prints it, and a real launch on this machine checks it before torchr
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,9 @@ REAL_SIZE_BYTES = 10**9
 # The flags that set the per-rank batch; without one, a real-size run gets the largest batch that fits, up to
 # its config's.
 BATCH_FLAGS = ("--training.local_batch_size", "--training.global_batch_size")
+# A job whose weights, gradients and optimizer state do not fit its ranks is tried on its node count times these,
+# each node with the job's ranks (so a rank's memory stays what it is), FSDP sharding over them all.
+MORE_NODES = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass
@@ -50,6 +55,21 @@ class JobModel:
             # As torchtitan's init_states does: sharding replaced the tied parameter.
             model.tok_embeddings.weight = model.lm_head.weight
         return model
+
+    def on_ranks(self, world_size: int) -> JobModel:
+        """The same job laid out over ``world_size`` ranks: torchtitan's fake process group started again at that
+        size (its fake mode reads the rank count from NGPU), so this job's own mesh is gone afterwards."""
+        import torch.distributed as dist
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.distributed.parallel_dims import ParallelDims
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        os.environ["NGPU"] = os.environ["WORLD_SIZE"] = str(world_size)
+        dist_utils.init_distributed(self.config.comm)
+        parallel_dims = ParallelDims.from_config(self.config.parallelism, world_size)
+        parallel_dims.build_mesh()
+        return dataclasses.replace(self, parallel_dims=parallel_dims)
 
     def step_memory(self, *, batch: int, ac_config, baseline_bytes: int) -> StepMemory:
         from qwen3_titan_common.compat import fake_tensor_data_dependent_errors
@@ -102,8 +122,10 @@ def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
     )
 
 
-def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory) -> str:
-    """The one line that refuses the job, with what fits by the same estimate."""
+def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes: int) -> str:
+    """The one line that refuses the job, with what fits by the same estimate: a smaller batch, recomputed
+    activations, or (when not even one row fits) more nodes of the job's size. Trying more nodes restarts the
+    fake process group, so ``job`` is not to be used afterwards."""
     config = job.config
     fitting = largest_fitting_batch(job, estimate, memory)
     found = []
@@ -117,11 +139,19 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory) -> str:
         found.append(
             f"activation-checkpoint:full as the last argument (~{recomputed.total_bytes / GIB:.2f} GiB)"
         )
+    if fitting is None:
+        wider = with_more_nodes(job, estimate, memory, nnodes)
+        if wider is not None:
+            nodes, ranks, tried = wider
+            found.append(
+                f"--nnodes {nodes} ({ranks} ranks, FSDP sharding the weights, gradients and "
+                f"optimizer state over them; ~{tried.total_bytes / GIB:.2f} GiB per rank)"
+            )
     hint = (
         "fits by the same estimate: " + "; or ".join(found)
         if found
-        else "no smaller batch or recomputation fits by the same estimate: shard over more ranks (--nproc, "
-        "--nnodes) or train LoRA adapters"
+        else f"no smaller batch, recomputation or up to {MORE_NODES[-1]}x the nodes fits by the same estimate: "
+        "train LoRA adapters, or shard with tensor or pipeline parallelism"
     )
     return (
         f"--training.local_batch_size {config.training.local_batch_size} (--batch-size) x --training.seq_len "
@@ -149,6 +179,37 @@ def largest_fitting_batch(job: JobModel, estimate: StepMemory, memory) -> tuple[
             return candidate, tried
         candidate = candidate * 3 // 4 if candidate > 4 else candidate - 1
     return 1, one
+
+
+def with_more_nodes(
+    job: JobModel, estimate: StepMemory, memory, nnodes: int
+) -> tuple[int, int, StepMemory] | None:
+    """(nodes, ranks, their estimate) for the fewest nodes, a multiple of the job's ``nnodes`` (:data:`MORE_NODES`), whose ranks hold enough of the
+    sharded state to fit at the job's batch, tracked like the job; None if none does or the job fixes its FSDP
+    degree (``--parallelism.data_parallel_shard_degree``), which more ranks would not lay out."""
+    from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+
+    config = job.config
+    world = job.parallel_dims.world_size
+    state = sum(estimate.by_kind.get(kind, 0) for kind in ("params", "grads", "optimizer"))
+    rest = estimate.total_bytes - state
+    for factor in MORE_NODES:
+        # Only the sharded state shrinks with more ranks: a count that cannot fit by that alone is not tracked.
+        if rest + state // factor > memory.bytes_per_rank:
+            continue
+        try:
+            resolve_layout(config.parallelism, world * factor)
+        except LayoutError:
+            return None
+        wider = job.on_ranks(world * factor)
+        tried = wider.step_memory(
+            batch=config.training.local_batch_size,
+            ac_config=config.activation_checkpoint,
+            baseline_bytes=estimate.baseline_bytes,
+        )
+        if tried.total_bytes <= memory.bytes_per_rank:
+            return nnodes * factor, world * factor, tried
+    return None
 
 
 def _with_full_recomputation(job: JobModel, estimate: StepMemory) -> StepMemory | None:

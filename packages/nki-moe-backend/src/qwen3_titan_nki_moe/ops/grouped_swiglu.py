@@ -27,6 +27,11 @@ NAMESPACE = "qwen3_titan"
 # torch 2.14: CPU runs bf16/fp16/fp32 and rejects fp64; CUDA's kernels need sm90+ and bf16).
 _CPU_GROUPED_MM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CUDA_MIN_CAPABILITY = (9, 0)
+# On the CPU each expert's rows are padded with zero rows to a multiple of this. F.grouped_mm's CPU kernel runs
+# one oneDNN matmul per group, and oneDNN keeps a compiled primitive per distinct shape (up to 1,024 of them,
+# each with its own buffers): group sizes that change every step grew a debug MoE rank by ~27 MiB a step, past
+# 1 GiB in 40 steps. Multiples of 64 leave a few dozen shapes (docs/performance.md, "Memory estimate").
+CPU_GROUP_ROWS = 64
 
 
 def grouped_mm_plan(device: torch.device | str, dtype: torch.dtype) -> tuple[bool, str]:
@@ -93,10 +98,37 @@ def _group_bounds(offsets_E: Tensor) -> list[tuple[int, int, int]]:
     return bounds
 
 
+def cpu_group_layout(offsets_E: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Where each grouped row goes when every group is padded to :data:`CPU_GROUP_ROWS` rows:
+    ``(dest_N, padded_offsets_E, padded_rows)`` for the ``N = offsets_E[-1]`` rows that belong to a group."""
+    offsets_E = offsets_E.long()
+    counts_E = torch.diff(offsets_E, prepend=offsets_E.new_zeros(1))
+    padded_E = (counts_E + CPU_GROUP_ROWS - 1) // CPU_GROUP_ROWS * CPU_GROUP_ROWS
+    padded_offsets_E = torch.cumsum(padded_E, 0)
+    shift_E = (padded_offsets_E - padded_E) - (offsets_E - counts_E)
+    rows = int(offsets_E[-1])
+    dest_N = torch.arange(rows, device=offsets_E.device) + torch.repeat_interleave(
+        shift_E, counts_E, output_size=rows
+    )
+    return dest_N, padded_offsets_E.to(torch.int32), int(padded_offsets_E[-1])
+
+
+def _padded(t_RX: Tensor, dest_N: Tensor, padded_rows: int) -> Tensor:
+    out_PX = t_RX.new_zeros(padded_rows, t_RX.shape[1])
+    out_PX[dest_N] = t_RX[: dest_N.shape[0]]
+    return out_PX
+
+
 def grouped_mm(a_RK: Tensor, b_EKN: Tensor, offsets_E: Tensor) -> Tensor:
     """``out[rows of e] = a[rows of e] @ b[e]``; rows past ``offsets_E[-1]`` are zero."""
     if _use_grouped_mm(a_RK, b_EKN):
-        return F.grouped_mm(a_RK, b_EKN, offs=offsets_E)
+        if a_RK.device.type != "cpu":
+            return F.grouped_mm(a_RK, b_EKN, offs=offsets_E)
+        dest_N, padded_offsets_E, padded_rows = cpu_group_layout(offsets_E)
+        out_PN = F.grouped_mm(_padded(a_RK, dest_N, padded_rows), b_EKN, offs=padded_offsets_E)
+        out_RN = out_PN.new_zeros(a_RK.shape[0], out_PN.shape[1])
+        out_RN[: dest_N.shape[0]] = out_PN[dest_N]
+        return out_RN
     out_RN = a_RK.new_zeros(a_RK.shape[0], b_EKN.shape[-1])
     for expert, start, end in _group_bounds(offsets_E):
         if end > start:
@@ -107,7 +139,12 @@ def grouped_mm(a_RK: Tensor, b_EKN: Tensor, offsets_E: Tensor) -> Tensor:
 def grouped_mm_weight_grad(a_RM: Tensor, b_RN: Tensor, offsets_E: Tensor) -> Tensor:
     """``out[e] = a[rows of e].T @ b[rows of e]`` (the weight gradient of a grouped GEMM)."""
     if _use_grouped_mm(a_RM, b_RN):
-        return F.grouped_mm(a_RM.transpose(0, 1), b_RN, offs=offsets_E)
+        if a_RM.device.type != "cpu":
+            return F.grouped_mm(a_RM.transpose(0, 1), b_RN, offs=offsets_E)
+        # Zero rows add nothing to a group's sum.
+        dest_N, padded_offsets_E, padded_rows = cpu_group_layout(offsets_E)
+        a_PM, b_PN = _padded(a_RM, dest_N, padded_rows), _padded(b_RN, dest_N, padded_rows)
+        return F.grouped_mm(a_PM.transpose(0, 1), b_PN, offs=padded_offsets_E)
     num_experts = offsets_E.shape[0]
     out_EMN = a_RM.new_zeros(num_experts, a_RM.shape[1], b_RN.shape[1])
     for expert, start, end in _group_bounds(offsets_E):
