@@ -60,16 +60,11 @@ class JobModel:
         """The same job laid out over ``world_size`` ranks: torchtitan's fake process group started again at that
         size (its fake mode reads the rank count from NGPU), so this job's own mesh is gone afterwards."""
         import torch.distributed as dist
-        from torchtitan.distributed import utils as dist_utils
-        from torchtitan.distributed.parallel_dims import ParallelDims
 
         if dist.is_initialized():
             dist.destroy_process_group()
         os.environ["NGPU"] = os.environ["WORLD_SIZE"] = str(world_size)
-        dist_utils.init_distributed(self.config.comm)
-        parallel_dims = ParallelDims.from_config(self.config.parallelism, world_size)
-        parallel_dims.build_mesh()
-        return dataclasses.replace(self, parallel_dims=parallel_dims)
+        return dataclasses.replace(self, parallel_dims=fake_mesh(self.config, world_size))
 
     def step_memory(self, *, batch: int, ac_config, baseline_bytes: int) -> StepMemory:
         from qwen3_titan_common.compat import fake_tensor_data_dependent_errors
@@ -251,9 +246,6 @@ def rank_memory_of(plan, device: str | None = None):
 def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory]:
     """Rank 0 of ``plan`` on torchtitan's fake process group (initialised here; the caller destroys it): its model
     and its step's memory at the config's batch. The process must be a fake rank already (``fake_rank_env``)."""
-    from torchtitan.distributed import utils as dist_utils
-    from torchtitan.distributed.parallel_dims import ParallelDims
-
     from qwen3_titan_common.perf.memory import process_baseline_bytes, weights_read_bytes
 
     # Before the model: what a rank of a one-node job on this machine's CPU holds of its own, and what reading
@@ -261,11 +253,19 @@ def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory
     baseline = process_baseline_bytes(device_kind) + weights_read_bytes(
         getattr(getattr(config, "hf", None), "model_dir", None), device_kind
     )
-    dist_utils.init_distributed(config.comm)
-    parallel_dims = ParallelDims.from_config(config.parallelism, plan.world_size)
-    parallel_dims.build_mesh()
     spec = config.model_spec
     spec.model.update_from_config(config=config)
-    job = JobModel(config, spec, parallel_dims, device_kind)
+    job = JobModel(config, spec, fake_mesh(config, plan.world_size), device_kind)
     batch = config.training.local_batch_size
     return job, job.step_memory(batch=batch, ac_config=config.activation_checkpoint, baseline_bytes=baseline)
+
+
+def fake_mesh(config, world_size: int):
+    """torchtitan's fake process group of ``world_size`` ranks (its size read from NGPU) and the job's mesh on it."""
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    dist_utils.init_distributed(config.comm)
+    parallel_dims = ParallelDims.from_config(config.parallelism, world_size)
+    parallel_dims.build_mesh()
+    return parallel_dims
