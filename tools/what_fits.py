@@ -35,7 +35,7 @@ DEVICES = (
 )
 _SHAPE = re.compile(r"at the step's peak \(batch (\d+) x seq (\d+), (\w+) compute")
 _TOTAL = re.compile(r"total ~([0-9.]+) GiB")
-_FITS = re.compile(r"fits by the same estimate: (.*)$")
+_HINT = re.compile(r"does not fit, [^;]*; (.*)$")
 
 
 def cell(package: str, config: str, ranks: str, memory: str, work: Path) -> tuple[str, str]:
@@ -52,11 +52,14 @@ def cell(package: str, config: str, ranks: str, memory: str, work: Path) -> tupl
     if proc.returncode == 0:
         near = " (near the limit)" if "memory near the limit" in proc.stdout else ""
         return described, f"fits, {total.group(1)} GiB{near}"
-    fits = _FITS.search(proc.stderr.strip().splitlines()[-1])
+    found = _HINT.search(proc.stderr.strip().splitlines()[-1])
     hint = (
-        fits.group(1).replace("--training.local_batch_size (--batch-size)", "batch")
-        if fits
-        else "no smaller batch"
+        found.group(1)
+        .replace(" by the same estimate", "")
+        .replace("--training.local_batch_size (--batch-size)", "batch")
+        .replace(", FSDP sharding the weights, gradients and optimizer state over them;", ",")
+        if found
+        else "?"
     )
     return described, f"**no**, {total.group(1)} GiB; {hint}"
 
