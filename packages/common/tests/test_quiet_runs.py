@@ -123,6 +123,6 @@ def test_cuda_graphs_are_off_without_cuda():
     # Off as the config is made (Qwen3Trainer.Config.__post_init__): torchtitan's parse-time check of CUDA
     # graphs against the layout (pipeline, expert parallel dispatchers) then has nothing to refuse.
     assert config.training.disable_cuda_graphs
-    assert Qwen3Trainer.capturable(config) is config
+    assert Qwen3Trainer.resolve_cuda_graphs(config) is config
     parallel = dataclasses.replace(config.parallelism, expert_parallel_degree=2, pipeline_parallel_degree=2)
     assert dataclasses.replace(config, parallelism=parallel).training.disable_cuda_graphs

@@ -218,7 +218,7 @@ def test_cuda_graphs_go_off_for_flex_attention_only(monkeypatch):
     for attention, graphs_off in ((None, False), ("sdpa", False), ("flex", True), ("blocks", True)):
         config = debug()
         config.hf_v5.attention = attention
-        config = HFv5Trainer.capturable(config)
+        config = HFv5Trainer.resolve_cuda_graphs(config)
         assert config.training.disable_cuda_graphs is graphs_off, attention
 
 

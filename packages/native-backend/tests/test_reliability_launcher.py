@@ -2,7 +2,7 @@
 
 Each case runs, in this process, what ``train`` and its first rank check before anything is written
 (``qwen3_titan_testing.edges.checks_in_process``: the launcher's own checks, then the config parsed as
-the rank parses it and ``Qwen3Trainer.checked``, the function every rank runs first), so torchtitan is
+the rank parses it and ``Qwen3Trainer.resolved_and_checked``, the function every rank runs first), so torchtitan is
 imported once for all of them. Each asserts the exit code, one ``train:`` line naming the culprit, no
 traceback or torchrun report, and that nothing under the test's directory (the dump folder, the user's
 model and data files) was created, changed or deleted.

@@ -68,7 +68,7 @@ def test_kernels_is_a_torchtitan_flag():
 
 
 def test_cuda_graphs_go_off_only_where_the_experts_loop_on_the_host(monkeypatch):
-    # On an sm90 GPU the reference grouped GEMM runs F.grouped_mm in bf16 (capturable) and a
+    # On an sm90 GPU the reference grouped GEMM runs F.grouped_mm in bf16 (capturable in a CUDA graph) and a
     # per-expert loop that reads row counts on the host otherwise (seen failing a capture on an H200).
     import torch
     from qwen3_titan_nki_moe.config_registry import debug_moe
@@ -81,11 +81,11 @@ def test_cuda_graphs_go_off_only_where_the_experts_loop_on_the_host(monkeypatch)
     for dtype, graphs_off in (("bfloat16", False), ("float32", True)):
         config = debug_moe()
         config.training.mixed_precision_param = dtype
-        config = NkiMoETrainer.capturable(config)
+        config = NkiMoETrainer.resolve_cuda_graphs(config)
         assert config.training.disable_cuda_graphs is graphs_off, dtype
     monkeypatch.setattr(titan_utils, "device_type", "cpu")
     config = debug_moe()
     config.training.mixed_precision_param = "float32"
-    config = NkiMoETrainer.capturable(config)
+    config = NkiMoETrainer.resolve_cuda_graphs(config)
     # Off on a CPU too, by config: torchtitan would otherwise warn that it runs eagerly there.
     assert config.training.disable_cuda_graphs is True

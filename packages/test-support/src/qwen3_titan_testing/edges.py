@@ -103,7 +103,7 @@ def on_small_filesystem(
 
 def checks_in_process(backend, argv: list[str]) -> int:
     """What ``train ARGV`` checks before anything is written, in this process: the launcher's own
-    checks (``cli.launch.run`` up to torchrun), then rank 0's (``Qwen3Trainer.checked``, on the config
+    checks (``cli.launch.run`` up to torchrun), then rank 0's (``Qwen3Trainer.resolved_and_checked``, on the config
     torchtitan parses from the rank's command line), ending as the launcher ends an input error.
 
     torchtitan is imported once for many cases this way; the path from a rank's error through torchrun
@@ -140,7 +140,7 @@ def checks_in_process(backend, argv: list[str]) -> int:
     try:
         config = parse_run_config(plan)
         if isinstance(config, Qwen3Trainer.Config):
-            _, config = Qwen3Trainer.checked(config)
+            _, config = Qwen3Trainer.resolved_and_checked(config)
             lock = hold_in_rank(config.dump_folder)  # what the rank does next
             if lock is not None:
                 lock.release()

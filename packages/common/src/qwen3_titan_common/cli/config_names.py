@@ -15,7 +15,9 @@ from qwen3_titan_common.arch.published import PUBLISHED_CONFIG_FUNCTIONS
 
 
 @dataclass(frozen=True)
-class ConfigFunction:
+class ConfigListing:
+    """A config function as the launcher lists it: its name and the first line of its docstring."""
+
     name: str
     summary: str
 
@@ -31,7 +33,7 @@ def _registry_source(module: str) -> Path | None:
     return None
 
 
-def _made_by_call(node: ast.stmt) -> ConfigFunction | None:
+def _made_by_call(node: ast.stmt) -> ConfigListing | None:
     """``name = <factory>(..., doc="...")`` or ``name = <factory>.published("<name>")``: a config function
     made by a factory (train.config_functions); the latter's summary is the published table's."""
     if not (
@@ -47,14 +49,14 @@ def _made_by_call(node: ast.stmt) -> ConfigFunction | None:
             and isinstance(keyword.value, ast.Constant)
             and isinstance(keyword.value.value, str)
         ):
-            return ConfigFunction(name, keyword.value.value.strip().splitlines()[0])
+            return ConfigListing(name, keyword.value.value.strip().splitlines()[0])
     first = node.value.args[0] if node.value.args else None
     if isinstance(first, ast.Constant) and first.value in PUBLISHED_CONFIG_FUNCTIONS:
-        return ConfigFunction(name, PUBLISHED_CONFIG_FUNCTIONS[first.value][1])
+        return ConfigListing(name, PUBLISHED_CONFIG_FUNCTIONS[first.value][1])
     return None
 
 
-def list_config_functions(module: str) -> list[ConfigFunction] | None:
+def list_config_functions(module: str) -> list[ConfigListing] | None:
     """Public zero-argument functions defined in the module's config registry (written out, or made by
     a factory call with a ``doc=``), in source order, or None."""
     source = _registry_source(module)
@@ -71,5 +73,5 @@ def list_config_functions(module: str) -> list[ConfigFunction] | None:
             if args.args or args.posonlyargs or args.kwonlyargs or args.vararg or args.kwarg:
                 continue
             doc = ast.get_docstring(node) or ""
-            found.append(ConfigFunction(node.name, doc.strip().splitlines()[0] if doc else ""))
+            found.append(ConfigListing(node.name, doc.strip().splitlines()[0] if doc else ""))
     return found

@@ -3,7 +3,7 @@
 Called by the trainer before torchtitan builds anything. Each function checks the condition under which
 its warning says nothing about this run and acts only then, so the same warning still reaches a run it
 applies to. The others are handled where they start, by config values and checks before the call:
-CUDA graphs (``Trainer.capturable``), ``initial_load_model_only`` (``Qwen3CheckpointManager.Config``), the
+CUDA graphs (``Trainer.resolve_cuda_graphs``), ``initial_load_model_only`` (``Qwen3CheckpointManager.Config``), the
 tokenizer folder's missing shard index (``models.qwen3``'s state-dict adapter), the CPU's peak FLOPs
 (``compat``'s CPU device).
 """

@@ -6,7 +6,7 @@ parallelize function does) and report what it would hold, with no accelerator an
 no weights: the model stays on the meta device, so a 4B or 30B shape costs nothing.
 
 Before that, the run's config is parsed as a rank parses it and goes through the checks every rank
-runs first (``Qwen3Trainer.checked``): a dry run refuses what the run would refuse. A job planned for other machines
+runs first (``Qwen3Trainer.resolved_and_checked``): a dry run refuses what the run would refuse. A job planned for other machines
 lists what it could not confirm on this one (weights not downloaded here, this disk's free space).
 """
 
@@ -127,7 +127,7 @@ def _lays_out(parallelism, world_size: int) -> bool:
 
 
 def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
-    """The run's config as rank 0 of ``plan`` resolves and checks it (``Qwen3Trainer.checked``, after
+    """The run's config as rank 0 of ``plan`` resolves and checks it (``Qwen3Trainer.resolved_and_checked``, after
     :func:`fake_rank_env`), and what this machine could not confirm: a model directory that is not here
     is listed, and the config's built-in architecture laid out instead. Raises a one-line UserInputError."""
     from qwen3_titan_common.errors import CheckpointError
@@ -141,14 +141,14 @@ def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
     model_dir = parsed.hf.model_dir
     try:
         with redirect_stdout(quiet), redirect_stderr(quiet):
-            return Qwen3Trainer.checked(parsed, deferred=pending)[1], pending
+            return Qwen3Trainer.resolved_and_checked(parsed, deferred=pending)[1], pending
     except CheckpointError as err:
         if not model_dir or Path(model_dir).expanduser().exists():
             raise
         pending.append(str(err))
     without = dataclasses.replace(parsed, hf=dataclasses.replace(parsed.hf, model_dir=None))
     with redirect_stdout(quiet), redirect_stderr(quiet):
-        return Qwen3Trainer.checked(without, deferred=pending)[1], pending
+        return Qwen3Trainer.resolved_and_checked(without, deferred=pending)[1], pending
 
 
 def dry_run(plan: PlannedJob) -> int:

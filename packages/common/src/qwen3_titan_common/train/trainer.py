@@ -128,7 +128,7 @@ class Qwen3Trainer(Trainer):
         def __post_init__(self) -> None:
             # torchtitan refuses CUDA graphs with pipeline or expert parallelism when it parses the config,
             # on any device, and asks for --training.disable_cuda_graphs. Where there is no CUDA device, or the
-            # layout cannot be captured, the run is eager without that flag (capturable says why on CUDA).
+            # layout cannot be captured, the run is eager without that flag (resolve_cuda_graphs says why on CUDA).
             if not self.training.disable_cuda_graphs and (
                 titan_utils.device_type != "cuda" or _layout_graph_blocker(self) is not None
             ):
@@ -142,11 +142,11 @@ class Qwen3Trainer(Trainer):
         announce_restart()
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):
-            self._start, config = self.checked(config)
+            self._start, config = self.resolved_and_checked(config)
             set_progress_cadence(getattr(config.metrics, "progress_seconds", 5.0))
             self._dump_lock = hold_in_rank(config.dump_folder)
             leave_run_folders(config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder))
-            config = self.capturable(config)
+            config = self.resolve_cuda_graphs(config)
             super().__init__(config)
             self._initialise_alike_in_every_layout(config)
         if isinstance(self.loss_fn, LMLossWithRouterBalance):
@@ -183,8 +183,10 @@ class Qwen3Trainer(Trainer):
             )
 
     @classmethod
-    def checked(cls, config: Config, *, deferred: list[str] | None = None) -> tuple[StartPoint, Config]:
-        """The run's config resolved in one place (``run_config``: the architecture of
+    def resolved_and_checked(
+        cls, config: Config, *, deferred: list[str] | None = None
+    ) -> tuple[StartPoint, Config]:
+        """The run's config resolved in one place (``resolve_run_config``: the architecture of
         ``--hf.model_dir``, model spec, loss vocabulary, export plan, LoRA; then the validation data), and
         every check on it (``train.preflight.check_run``, the backend's :meth:`prepare_backend`), before
         anything is written. Each rank and ``train --dry-run`` run it first; raises a one-line
@@ -193,7 +195,7 @@ class Qwen3Trainer(Trainer):
         from qwen3_titan_common.train.validation import with_validation_data
 
         try:
-            start, config = run_config(config)
+            start, config = resolve_run_config(config)
         except UserInputError:
             raise
         except (ValueError, AssertionError) as err:
@@ -219,7 +221,7 @@ class Qwen3Trainer(Trainer):
 
     @classmethod
     def prepare_backend(cls, config: Config) -> None:
-        """A backend's own checks and choices on the run's resolved config (``run_config``), before
+        """A backend's own checks and choices on the run's resolved config (``resolve_run_config``), before
         anything is written; each rank and ``train --dry-run`` call it. Raises a one-line UserInputError."""
 
     @classmethod
@@ -232,7 +234,7 @@ class Qwen3Trainer(Trainer):
         return None
 
     @classmethod
-    def capturable(cls, config: Config) -> Config:
+    def resolve_cuda_graphs(cls, config: Config) -> Config:
         """The run's config with torchtitan's CUDA graphs off, and one log line, where the layout
         (``Config.__post_init__``) or :meth:`cuda_graph_blocker` names a reason; off without a line on other
         devices (torchtitan would warn that it runs eagerly there); otherwise ``config`` itself."""
@@ -373,7 +375,7 @@ def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype
     return EXPORT_DTYPES.get(name, torch.float32)  # float64 weights export as float32
 
 
-def run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
+def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
     """Where the run's weights come from (logged in one line), and the config that trains them.
 
     With ``--hf.model_dir`` the model is the directory's (its config.json's architecture, its tokenizer,
