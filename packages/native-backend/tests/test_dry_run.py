@@ -117,7 +117,9 @@ def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_pa
     plan = LaunchPlan(
         module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
         rdzv_endpoint="localhost:0",
-        passthrough=["--dump_folder", str(tmp_path), "--training.local_batch_size", "1", "--training.seq_len", "32"],
+        passthrough=[
+            "--dump_folder", str(tmp_path), "--training.local_batch_size", "1", "--training.seq_len", "32",
+        ],
     )  # fmt: skip
     with as_fake_rank(plan):
         config, _ = checked_config(plan)

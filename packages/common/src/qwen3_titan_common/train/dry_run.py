@@ -6,8 +6,9 @@ parallelize function does) and report what it would hold, with no accelerator an
 no weights: the model stays on the meta device, so a 4B or 30B shape costs nothing.
 
 Before that, the run's config is parsed as a rank parses it and goes through the checks every rank
-runs first (``Qwen3Trainer.resolved_and_checked``): a dry run refuses what the run would refuse. A job planned for other machines
-lists what it could not confirm on this one (weights not downloaded here, this disk's free space).
+runs first (``Qwen3Trainer.resolved_and_checked``): a dry run refuses what the run would refuse. A job planned
+for other machines lists what it could not confirm on this one (weights not downloaded here, this disk's free
+space).
 """
 
 from __future__ import annotations

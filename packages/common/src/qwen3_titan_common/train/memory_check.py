@@ -179,9 +179,10 @@ def largest_fitting_batch(job: JobModel, estimate: StepMemory, memory) -> tuple[
 def with_more_nodes(
     job: JobModel, estimate: StepMemory, memory, nnodes: int
 ) -> tuple[int, int, StepMemory] | None:
-    """(nodes, ranks, their estimate) for the fewest nodes, a multiple of the job's ``nnodes`` (:data:`MORE_NODES`), whose ranks hold enough of the
-    sharded state to fit at the job's batch, tracked like the job; None if none does or the job fixes its FSDP
-    degree (``--parallelism.data_parallel_shard_degree``), which more ranks would not lay out."""
+    """(nodes, ranks, their estimate) for the fewest nodes, the job's ``nnodes`` times one of :data:`MORE_NODES`,
+    whose ranks hold enough of the sharded state to fit at the job's batch, tracked like the job; None if none
+    does, or if the job fixes its FSDP degree (``--parallelism.data_parallel_shard_degree``), which more ranks
+    would not lay out."""
     from qwen3_titan_common.train.layout import LayoutError, resolve_layout
 
     config = job.config
@@ -261,7 +262,8 @@ def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory
 
 
 def fake_mesh(config, world_size: int):
-    """torchtitan's fake process group of ``world_size`` ranks (its size read from NGPU) and the job's mesh on it."""
+    """torchtitan's fake process group of ``world_size`` ranks (its size read from NGPU) and the job's mesh on
+    it."""
     from torchtitan.distributed import utils as dist_utils
     from torchtitan.distributed.parallel_dims import ParallelDims
 
