@@ -1,8 +1,7 @@
 """Lists a torchtitan module's config functions without importing it.
 
-The launcher validates ``--config`` before starting ranks; parsing the source keeps
-that check fast (importing a config registry imports torch and torchtitan).
-"""
+The launcher validates ``--config`` before starting ranks; parsing the source keeps that check fast
+(importing a config registry imports torch and torchtitan)."""
 
 from __future__ import annotations
 

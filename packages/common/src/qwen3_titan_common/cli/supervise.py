@@ -1,8 +1,8 @@
 """Runs torchrun, streams its output, keeps all of it in the run's log, and ends it in one line.
 
 The launcher checks nothing a rank checks: each rank runs every check before it writes anything
-(``Qwen3Trainer.resolved_and_checked``). A failed run shows what happened before it failed, then one
-``train:`` line: a rank's input error, an interruption (the step reached, the newest complete checkpoint), or an internal
+(``Qwen3Trainer.resolved_and_checked``). A failed run shows what happened before it failed, then one ``train:``
+line: a rank's input error, an interruption (the step reached, the newest complete checkpoint), or an internal
 error with where the full log is. The line comes from torchelastic's error file, which torchrun fills
 from the first rank to fail (``train.rank_errors``), else from the failing rank's output.
 
