@@ -186,3 +186,18 @@ def test_a_row_that_begins_inside_a_document_and_bad_shapes():
         block_sparse_attention(q[:, :32], k[:, :32], v[:, :32], blocks)
     with pytest.raises(ValueError, match="positions must be"):
         document_blocks(positions[0])
+
+
+def test_under_a_whole_model_ranks_bf16_autocast_the_attention_computes_as_without_it():
+    # A one-CPU-rank job autocasts its forward to bf16 (models.fsdp_comms); the kernel keeps its own precision.
+    positions = _rows(3, batch=2, seq_len=128)
+    blocks = document_blocks(positions, block_size=BLOCK)
+    plain = _inputs(3, positions, torch.bfloat16)
+    cast = _inputs(3, positions, torch.bfloat16)
+    expected = block_sparse_attention(*plain, blocks)
+    expected.sum().backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = block_sparse_attention(*cast, blocks)
+    out.sum().backward()
+    assert torch.equal(out, expected)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(cast, plain, strict=True))

@@ -169,6 +169,31 @@ def test_fsdp_groups_per_layer_with_the_tied_weight_in_the_root(one_rank_group):
     assert model.lm_head.weight.grad is not None
 
 
+def test_one_cpu_rank_trains_the_model_whole_and_keeps_the_tie(one_rank_group):
+    # The model spec's parallelize: on one CPU rank no FSDP (models.fsdp_comms), bf16 by autocast.
+    from qwen3_titan_common.assets import default_architecture
+    from qwen3_titan_hf_v5.model import hf_v5_model_spec
+
+    spec = hf_v5_model_spec(default_architecture(), "debug")
+    with torch.device("meta"):
+        model = spec.model.build()
+    dims = ParallelDims.from_config(ParallelismConfig(), 1)
+    dims.build_mesh()
+    model = spec.parallelize_fn(
+        model, parallel_dims=dims, training=TrainingConfig(mixed_precision_param="bfloat16"),
+        parallelism=ParallelismConfig(), compile_config=CompileConfig(), ac_config=None, dump_folder="",
+    )  # fmt: skip
+    assert not any(isinstance(module, FSDPModule) for module in model.modules())
+    model.to_empty(device="cpu")
+    model.init_weights(buffer_device=None)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
+    logits = model(_tokens())
+    assert logits.dtype == torch.bfloat16
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+
+
 def test_flex_is_refused_on_cpu_with_the_flag_named():
     from torchtitan.tools import utils
 

@@ -46,6 +46,8 @@ The seams:
   FSDP model, ``MemTracker`` otherwise), which the memory estimate (``perf.memory``) runs one step under;
   torchtitan's own estimator used them until it was removed. :func:`gloo_collective_copies` adds what gloo's
   collectives hold while they run: it names c10d's private ops and needs torch's private dispatch-mode class.
+  :func:`materialise_meta_tensors` replaces a module's meta tensors in its ``_parameters`` and ``_buffers``:
+  ``to_empty`` swaps tensors, which torch refuses for a parameter something holds a weak reference to.
 """
 
 from __future__ import annotations
@@ -337,6 +339,25 @@ def _per_parameter_meshes(model) -> bool:
         for module in model.modules()
         if isinstance(module, FSDPModule)
     )
+
+
+def materialise_meta_tensors(model, device: str) -> None:
+    """``model.to_empty(device=device)`` without swapping tensors: a model FSDP did not shard keeps the
+    parameters it was built with, and torch refuses to swap one that something holds a weak reference to (the
+    SPMD annotations do); each meta tensor is replaced instead, a shared one once."""
+    import torch
+
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for tensors in (module._parameters, module._buffers):
+            for name, tensor in tensors.items():
+                if tensor is None or not tensor.is_meta:
+                    continue
+                if id(tensor) not in made:
+                    empty = torch.empty_like(tensor, device=device)
+                    is_param = isinstance(tensor, torch.nn.Parameter)
+                    made[id(tensor)] = torch.nn.Parameter(empty, tensor.requires_grad) if is_param else empty
+                tensors[name] = made[id(tensor)]
 
 
 def step_memory_tracker(model, optimizer, inputs: tuple):

@@ -27,12 +27,13 @@ import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
 from qwen3_titan_common.models.document_blocks import document_blocks
-from qwen3_titan_common.models.fsdp_comms import reducing_over_gloo_with_sum
+from qwen3_titan_common.models.fsdp_comms import parallelized_for_the_job
 from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
 from qwen3_titan_common.models.qwen3 import INIT_STD, residual_init_std
 from qwen3_titan_common.models.routing import RoutingRecord
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
+from qwen3_titan_common.perf.precision import compute_autocast
 from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
@@ -46,6 +47,10 @@ SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
 
 
 class HFCausalLM(BaseModel):
+    compute_dtype: torch.dtype | None = None
+    """On a one-CPU-rank job, which trains it without FSDP (``models.fsdp_comms``), the dtype its forward
+    autocasts to; None elsewhere."""
+
     @dataclass(kw_only=True, slots=True)
     class Config(BaseModel.Config):
         hf_config: dict[str, Any] = field(default_factory=dict)
@@ -181,6 +186,10 @@ class HFCausalLM(BaseModel):
         # they set RoPE, and keep each document's attention to itself (attention.py): the block pairs built
         # here once for every layer, or transformers' mask functions, which need attention_mask None and no
         # cache.
+        with compute_autocast(self.compute_dtype):
+            return self._forward(tokens, positions)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
         routed = self._is_moe and self.training
         blocks = {}
         if self._block_sparse:
@@ -245,6 +254,10 @@ class HFCausalLM(BaseModel):
 
     def init_states(self, *, buffer_device: torch.device | None = None) -> None:
         """Random initialisation with the same distributions as the native backend's Qwen3."""
+        if self.enable_weight_tying:
+            # Tied again, as torchtitan's decoder does: ``to_empty`` gives each module of a model FSDP did not
+            # shard (one CPU rank) its own copy of the parameter the two shared on the meta device.
+            self.lm_head.weight = self.model.embed_tokens.weight
         with torch.no_grad():
             for name, param in self.named_parameters():  # a tied weight is initialised once
                 self.init_parameter(name, param)
@@ -313,7 +326,7 @@ def hf_v5_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
         name="hf_v5",
         flavor=flavor,
         model=HFCausalLM.Config(hf_config=dict(arch.source), flops=FlopsConvention(arch)),
-        parallelize_fn=reducing_over_gloo_with_sum(parallelize_hf_v5),
+        parallelize_fn=parallelized_for_the_job(parallelize_hf_v5),
         pipelining_fn=None,
         post_optimizer_build_fn=None,
         state_dict_adapter=HFv5StateDictAdapter,

@@ -64,6 +64,7 @@ def parallelize_hf_v5(
     compile_config: CompileConfig,
     ac_config: ActivationCheckpointingConfig,
     dump_folder: str,
+    skip_dp: bool = False,
 ) -> nn.Module:
     check_parallelism(parallelism)
     decoder = model.model
@@ -72,7 +73,8 @@ def parallelize_hf_v5(
     # After AC wrapping and before FSDP, as torchtitan does: one compiled graph per layer.
     if compile_config.enable and "model" in compile_config.components:
         apply_compile(decoder, compile_config=compile_config, parallel_dims=parallel_dims)
-    _apply_fsdp(model, parallel_dims=parallel_dims, training=training, parallelism=parallelism)
+    if not skip_dp:
+        _apply_fsdp(model, parallel_dims=parallel_dims, training=training, parallelism=parallelism)
     return model
 
 

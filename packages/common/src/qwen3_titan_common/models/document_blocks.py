@@ -274,4 +274,10 @@ def block_sparse_attention(
     if heads % k_BLHD.shape[2]:
         raise ValueError(f"{heads} query heads do not group over {k_BLHD.shape[2]} kv heads")
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    if q_BLHD.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        # A whole-model CPU rank computes under bf16 autocast (models.fsdp_comms); this kernel chooses its
+        # own precision (fp32 for bf16 inputs) and accumulates in buffers of it, which autocast's bf16
+        # products would not match.
+        with torch.autocast("cpu", enabled=False):
+            return _BlockSparseAttention.apply(q_BLHD, k_BLHD, v_BLHD, blocks, scale)
     return _BlockSparseAttention.apply(q_BLHD, k_BLHD, v_BLHD, blocks, scale)

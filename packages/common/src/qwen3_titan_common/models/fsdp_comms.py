@@ -1,19 +1,31 @@
-"""FSDP2 gradient reduction that gloo can run, so that several CPU ranks train.
+"""Data parallelism as CPU ranks need it: FSDP2 reducing over gloo, and none at all on one rank.
 
 torchtitan turns FSDP's gradient division off (it scales the loss by the global token count
 itself), so each reduce-scatter is a plain sum in effect; FSDP2 still issues it as
 ``ReduceOp.PREMUL_SUM``, which gloo does not implement ("Cannot use ReduceOp.PREMUL_SUM with Gloo"
 on the first backward of a multi-rank CPU run). Forcing ``SUM`` changes nothing numerically.
+
+One CPU rank trains its model whole. torchtitan 0.3.0's parallelize functions apply FSDP2 on any rank
+count, and on one rank it shards nothing yet still copies every parameter into its all-gather buffers and
+every gradient through its reduce path each step, on fresh buffers of the weights' size: at Qwen3-0.6B's
+width (8 layers, one row of 1,024 tokens) that was over half of a CPU step, most of it the tied
+151,936-row embedding's group (docs/performance.md). Without FSDP the bf16 compute comes from
+``torch.autocast``, as torchtitan documents single-device mixed precision
+(``TrainingConfig.mixed_precision_param``): fp32 weights and gradients, the matrix products in bf16. Not on
+CUDA (FSDP2's mixed precision is what torchtitan's CUDA graphs and compile paths are tested with) nor Neuron.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import wraps
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
+from torchtitan.tools import utils as titan_utils
 
 
 def reduces_over_gloo() -> bool:
@@ -34,11 +46,28 @@ def use_sum_reduction_on_gloo(model: nn.Module) -> bool:
     return bool(fsdp_modules)
 
 
-def reducing_over_gloo_with_sum(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A model spec's ``parallelize_fn`` whose FSDP2 groups reduce with ``SUM`` when the ranks talk over gloo."""
+def trains_whole(parallel_dims) -> bool:
+    """Whether the job is one CPU rank, whose model trains without FSDP."""
+    return parallel_dims.world_size == 1 and titan_utils.device_type == "cpu"
+
+
+def parallelized_for_the_job(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+    """A model spec's ``parallelize_fn`` that leaves a one-CPU-rank model whole (its ``compute_dtype`` the bf16
+    its forward autocasts to, when the run computes in bf16), and otherwise has its FSDP2 groups reduce with
+    ``SUM`` over gloo. ``parallelize_fn`` takes torchtitan's ``skip_dp``."""
 
     @wraps(parallelize_fn)
     def parallelize(model: nn.Module, **kwargs) -> nn.Module:
+        if trains_whole(kwargs["parallel_dims"]) and not kwargs.get("skip_dp"):
+            model = parallelize_fn(model, **{**kwargs, "skip_dp": True})
+            bf16 = kwargs["training"].mixed_precision_param == "bfloat16"
+            model.compute_dtype = torch.bfloat16 if bf16 else None
+            # Under autocast the norms get bf16 activations and fp32 weights, which torch's fused rms_norm does
+            # not take: it computes them unfused (in fp32, as transformers' own RMSNorm does) and says so once.
+            warnings.filterwarnings(
+                "ignore", message="Mismatch dtype between input and weight", category=UserWarning
+            )
+            return model
         model = parallelize_fn(model, **kwargs)
         use_sum_reduction_on_gloo(model)
         return model

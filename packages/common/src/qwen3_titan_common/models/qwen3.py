@@ -48,10 +48,11 @@ from qwen3_titan_common.models.attention import (
     inner_attention_config,
 )
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
-from qwen3_titan_common.models.fsdp_comms import reducing_over_gloo_with_sum
+from qwen3_titan_common.models.fsdp_comms import parallelized_for_the_job
 from qwen3_titan_common.models.routing import record_routing, recording_router_config
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
+from qwen3_titan_common.perf.precision import compute_autocast
 
 # Random initialisation shared by every backend's Qwen3 (hf-v5's too), so their models start alike.
 INIT_STD = 0.02
@@ -170,7 +171,12 @@ class Qwen3TitanModel(Qwen3Model):
     Flex and varlen; for :class:`DocumentBlockAttention` (its block pairs), and for callers that pass positions alone
     (``eval``, ``verify-checkpoint``), the forward builds them, so a document is scored the same way
     wherever the model runs.
+
+    ``compute_dtype``: on a one-CPU-rank job, which trains it without FSDP (``models.fsdp_comms``), the dtype
+    its forward autocasts to; None elsewhere.
     """
+
+    compute_dtype: torch.dtype | None = None
 
     @dataclass(kw_only=True, slots=True)
     class Config(Qwen3Model.Config):
@@ -223,7 +229,8 @@ class Qwen3TitanModel(Qwen3Model):
     ):
         if attention_masks is None and positions is not None and self.config.first_attention is not None:
             attention_masks = self.get_attention_masks(positions)
-        return Qwen3Model.forward(self, tokens, positions, attention_masks)
+        with compute_autocast(self.compute_dtype):
+            return Qwen3Model.forward(self, tokens, positions, attention_masks)
 
 
 def titan_qwen3_model_config(
@@ -287,7 +294,7 @@ def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
         name="qwen3",
         flavor=flavor,
         model=titan_qwen3_model_config(arch),
-        parallelize_fn=reducing_over_gloo_with_sum(parallelize_qwen3),
+        parallelize_fn=parallelized_for_the_job(parallelize_qwen3),
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
         state_dict_adapter=Qwen3TitanStateDictAdapter,

@@ -146,15 +146,17 @@ def track_step(
         apply_lm_head_in_loss,
         fake_tensor_mode,
         gloo_collective_copies,
+        materialise_meta_tensors,
         step_memory_tracker,
         tracker_current_by_kind,
         tracker_peak_by_kind,
     )
+    from qwen3_titan_common.perf.precision import compute_autocast, model_compute_dtype
 
     with fake_tensor_mode():
         model = build()
         if any(param.is_meta for param in model.parameters()):
-            model.to_empty(device=device)
+            materialise_meta_tensors(model, device)
         if getattr(model, "enable_weight_tying", False):
             model.tok_embeddings.weight = model.lm_head.weight  # as torchtitan's init_states re-ties
         model.train()
@@ -171,7 +173,8 @@ def track_step(
                 # The run's loss projects one chunk of the trained tokens at a time (every fake label is
                 # trained); one chunk's logits stand for each (torch's FSDP tracker takes one call per module).
                 chunk = -(-batch * seq_len // loss_chunks)
-                logits = model.lm_head(output.reshape(batch * seq_len, -1)[:chunk])
+                with compute_autocast(model_compute_dtype(model)):  # as the loss applies it (``train.loss``)
+                    logits = model.lm_head(output.reshape(batch * seq_len, -1)[:chunk])
                 loss = torch.nn.functional.cross_entropy(logits.float(), labels.reshape(-1)[:chunk])
                 del logits
             else:

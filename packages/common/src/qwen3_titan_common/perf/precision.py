@@ -18,6 +18,7 @@ either kind of CPU.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -157,3 +158,18 @@ def _cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     except OSError:
         pass
     return platform.processor() or "unknown model"
+
+
+def compute_autocast(dtype):
+    """The context a model trained whole on one CPU rank (``models.fsdp_comms``) computes in: autocast to
+    ``dtype`` (bf16), or nothing when ``dtype`` is None (fp32, or FSDP casting the weights itself)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.autocast("cpu", dtype=dtype)
+
+
+def model_compute_dtype(model):
+    """The autocast dtype ``models.fsdp_comms.parallelized_for_the_job`` gave ``model`` (None: none)."""
+    return getattr(model, "compute_dtype", None)

@@ -23,6 +23,8 @@ import torch
 from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.tools import utils as titan_utils
 
+from qwen3_titan_common.perf.precision import compute_autocast
+
 
 class TrainedTokenLoss(ChunkedLossWrapper):
     """torchtitan's chunked loss over the trained positions only (labels not ignored)."""
@@ -31,6 +33,10 @@ class TrainedTokenLoss(ChunkedLossWrapper):
     class Config(ChunkedLossWrapper.Config):
         num_chunks: int = 4
         """Chunks the trained tokens are split into (each one's logits are alive at a time)."""
+
+    compute_dtype: torch.dtype | None = None
+    """The autocast dtype of a model trained whole on one CPU rank (``models.fsdp_comms``), for the output
+    projection this loss applies outside the model's forward; set by the trainer."""
 
     def __call__(
         self,
@@ -49,9 +55,10 @@ class TrainedTokenLoss(ChunkedLossWrapper):
         if missing:
             hidden_ND = torch.cat([hidden_ND, hidden_ND.new_zeros(missing, hidden_ND.shape[-1])])
             labels_N = torch.cat([labels_N, labels_N.new_full((missing,), IGNORE_INDEX)])
-        return ChunkedLossWrapper.__call__(
-            self, hidden_ND[None], labels_N[None], global_valid_tokens, **loss_inputs
-        )
+        with compute_autocast(self.compute_dtype):
+            return ChunkedLossWrapper.__call__(
+                self, hidden_ND[None], labels_N[None], global_valid_tokens, **loss_inputs
+            )
 
 
 def trained_token_loss_applies(config) -> bool:

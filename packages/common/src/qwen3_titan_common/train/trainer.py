@@ -50,12 +50,12 @@ from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
-from qwen3_titan_common.perf.precision import precision_line
+from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
 from qwen3_titan_common.train.checkpoint import HFExportPlan
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
-from qwen3_titan_common.train.loss import with_trained_token_loss
+from qwen3_titan_common.train.loss import TrainedTokenLoss, with_trained_token_loss
 from qwen3_titan_common.train.model_record import (
     check_data_position,
     check_model_record,
@@ -159,6 +159,9 @@ class Qwen3Trainer(Trainer):
                 microbatches=self.gradient_accumulation_steps,
             )
             self.metrics_processor.router_balance = self.loss_fn
+        if isinstance(self.loss_fn, TrainedTokenLoss):
+            # Its output projection runs outside the model's forward, in the model's compute dtype.
+            self.loss_fn.compute_dtype = model_compute_dtype(self.model_parts[0])
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
         self.first_trained_step: int | None = None
         logger.info(describe_trainable(self.model_parts, self.optimizers))
