@@ -45,9 +45,19 @@ def _parallelized(dims, precision: str):
     return model
 
 
-def test_one_cpu_rank_trains_whole_and_more_ranks_shard():
-    assert trains_whole(SimpleNamespace(world_size=1))
-    assert not trains_whole(SimpleNamespace(world_size=2))
+def test_one_cpu_rank_trains_a_dense_model_whole_and_more_ranks_or_experts_shard():
+    from qwen3_titan_common.arch.architecture import architecture_from_config
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
+    from qwen3_titan_testing.checkpoints import tiny_qwen3_config
+
+    with torch.device("meta"):
+        dense = titan_qwen3_model_config(default_architecture()).build()
+        moe = titan_qwen3_model_config(
+            architecture_from_config(tiny_qwen3_config(moe=True).to_dict(), where="test")
+        ).build()
+    assert trains_whole(SimpleNamespace(world_size=1), dense)
+    assert not trains_whole(SimpleNamespace(world_size=2), dense)
+    assert not trains_whole(SimpleNamespace(world_size=1), moe)
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "float32"])

@@ -5,7 +5,7 @@ itself), so each reduce-scatter is a plain sum in effect; FSDP2 still issues it 
 ``ReduceOp.PREMUL_SUM``, which gloo does not implement ("Cannot use ReduceOp.PREMUL_SUM with Gloo"
 on the first backward of a multi-rank CPU run). Forcing ``SUM`` changes nothing numerically.
 
-One CPU rank trains its model whole. torchtitan 0.3.0's parallelize functions apply FSDP2 on any rank
+One CPU rank trains a dense model whole (a mixture of experts keeps FSDP2: :func:`trains_whole`). torchtitan 0.3.0's parallelize functions apply FSDP2 on any rank
 count, and on one rank it shards nothing yet still copies every parameter into its all-gather buffers and
 every gradient through its reduce path each step, on fresh buffers of the weights' size: at Qwen3-0.6B's
 width (8 layers, one row of 1,024 tokens) that was over half of a CPU step, most of it the tied
@@ -46,19 +46,23 @@ def use_sum_reduction_on_gloo(model: nn.Module) -> bool:
     return bool(fsdp_modules)
 
 
-def trains_whole(parallel_dims) -> bool:
-    """Whether the job is one CPU rank, whose model trains without FSDP."""
-    return parallel_dims.world_size == 1 and titan_utils.device_type == "cpu"
+def trains_whole(parallel_dims, model: nn.Module | None = None) -> bool:
+    """Whether the job is one CPU rank whose model trains without FSDP: a dense one. A mixture of experts keeps
+    FSDP2's bf16 weights: its grouped expert products (``F.grouped_mm``) are not among the ops autocast casts,
+    so they would run in fp32, and torch's fake grouped_mm (the memory estimate) takes bf16 only."""
+    if parallel_dims.world_size != 1 or titan_utils.device_type != "cpu":
+        return False
+    return model is None or not any(name.endswith("experts") for name, _ in model.named_modules())
 
 
 def parallelized_for_the_job(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A model spec's ``parallelize_fn`` that leaves a one-CPU-rank model whole (its ``compute_dtype`` the bf16
+    """A model spec's ``parallelize_fn`` that leaves a dense one-CPU-rank model whole (its ``compute_dtype`` the bf16
     its forward autocasts to, when the run computes in bf16), and otherwise has its FSDP2 groups reduce with
     ``SUM`` over gloo. ``parallelize_fn`` takes torchtitan's ``skip_dp``."""
 
     @wraps(parallelize_fn)
     def parallelize(model: nn.Module, **kwargs) -> nn.Module:
-        if trains_whole(kwargs["parallel_dims"]) and not kwargs.get("skip_dp"):
+        if trains_whole(kwargs["parallel_dims"], model) and not kwargs.get("skip_dp"):
             model = parallelize_fn(model, **{**kwargs, "skip_dp": True})
             bf16 = kwargs["training"].mixed_precision_param == "bfloat16"
             model.compute_dtype = torch.bfloat16 if bf16 else None

@@ -141,6 +141,7 @@ def track_step(
     added for each call.
     """
     import torch
+    from torch.distributed.fsdp import FSDPModule
 
     from qwen3_titan_common.compat import (
         apply_lm_head_in_loss,
@@ -155,7 +156,9 @@ def track_step(
 
     with fake_tensor_mode():
         model = build()
-        if any(param.is_meta for param in model.parameters()):
+        if isinstance(model, FSDPModule):
+            model.to_empty(device=device)  # FSDP's sharded parameters, each registered once
+        elif any(param.is_meta for param in model.parameters()):
             materialise_meta_tensors(model, device)
         if getattr(model, "enable_weight_tying", False):
             model.tok_embeddings.weight = model.lm_head.weight  # as torchtitan's init_states re-ties
