@@ -188,10 +188,12 @@ def test_one_cpu_rank_trains_the_model_whole_and_keeps_the_tie(one_rank_group):
     model.init_weights(buffer_device=None)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
+    assert model.model.embed_tokens.sparse  # its lookup's gradient as rows, added to the projection's
     logits = model(_tokens())
     assert logits.dtype == torch.bfloat16
     logits.float().logsumexp(-1).mean().backward()
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
+    assert not any(p.grad.is_sparse for p in model.parameters())
 
 
 def test_flex_is_refused_on_cpu_with_the_flag_named():

@@ -138,3 +138,44 @@ def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_pa
             batch=1, ac_config=config.activation_checkpoint, baseline_bytes=estimate.baseline_bytes
         )
         assert fewer.total_bytes > memory.bytes_per_rank
+
+
+_HALF_AND_WHOLE = """
+import json, sys
+from qwen3_titan_common.cli.plan import LaunchPlan
+from qwen3_titan_common.train.dry_run import as_fake_rank, checked_config
+from qwen3_titan_common.train.memory_check import estimate_rank0
+
+plan = LaunchPlan(
+    module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
+    rdzv_endpoint="localhost:0",
+    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32"],
+)
+with as_fake_rank(plan):
+    config, _ = checked_config(plan)
+    job, two = estimate_rank0(plan, config, "cpu")
+    one = job.on_ranks(1).step_memory(
+        batch=1, ac_config=config.activation_checkpoint, baseline_bytes=two.baseline_bytes
+    )
+print(json.dumps([one.by_kind, two.by_kind, one.describe(), two.describe()]))
+"""
+
+
+def test_two_cpu_ranks_hold_half_the_state_one_rank_holds_whole(tmp_path):
+    """One CPU rank trains the model whole (no FSDP); two shard it. Each of the two holds half the weights and
+    optimizer state of the one, up to FSDP's padding of each parameter to an even row count (at most one row of
+    each parameter per rank), not the whole model materialised from its shards. Its gradients at the peak (its
+    shards, and the unsharded gradients of the layers being reduced) are fewer than the one rank's.
+    In a process of its own: torch keeps device meshes across the fake process groups of one process."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _HALF_AND_WHOLE, str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two, *described = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert one["params"] > 0
+    for kind in ("params", "optimizer"):
+        half = one[kind] / 2
+        assert half <= two[kind] <= half * 1.02, (kind, described)
+    assert 0 < two["grads"] < one["grads"], described

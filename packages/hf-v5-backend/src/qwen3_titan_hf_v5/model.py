@@ -182,14 +182,15 @@ class HFCausalLM(BaseModel):
         return self.model.embed_tokens
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        # tokens (B, L) -> logits (B, L, vocab). Positions restart at 0 where each packed document starts:
-        # they set RoPE, and keep each document's attention to itself (attention.py): the block pairs built
-        # here once for every layer, or transformers' mask functions, which need attention_mask None and no
-        # cache.
+        # One CPU rank computes in the compute dtype by autocast over fp32 weights (models.fsdp_comms).
         with compute_autocast(self.compute_dtype):
             return self._forward(tokens, positions)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        # tokens (B, L) -> logits (B, L, vocab). Positions restart at 0 where each packed document starts:
+        # they set RoPE, and keep each document's attention to itself (attention.py): the block pairs built
+        # here once for every layer, or transformers' mask functions, which need attention_mask None and no
+        # cache.
         routed = self._is_moe and self.training
         blocks = {}
         if self._block_sparse:

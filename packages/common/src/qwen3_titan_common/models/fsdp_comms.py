@@ -5,12 +5,12 @@ itself), so each reduce-scatter is a plain sum in effect; FSDP2 still issues it 
 ``ReduceOp.PREMUL_SUM``, which gloo does not implement ("Cannot use ReduceOp.PREMUL_SUM with Gloo"
 on the first backward of a multi-rank CPU run). Forcing ``SUM`` changes nothing numerically.
 
-One CPU rank trains a dense model whole (a mixture of experts keeps FSDP2: :func:`trains_whole`). torchtitan 0.3.0's parallelize functions apply FSDP2 on any rank
-count, and on one rank it shards nothing yet still copies every parameter into its all-gather buffers and
-every gradient through its reduce path each step, on fresh buffers of the weights' size: at Qwen3-0.6B's
-width (8 layers, one row of 1,024 tokens) that was over half of a CPU step, most of it the tied
-151,936-row embedding's group (docs/performance.md). Without FSDP the bf16 compute comes from
-``torch.autocast``, as torchtitan documents single-device mixed precision
+One CPU rank trains a dense model whole (a mixture of experts keeps FSDP2: :func:`trains_whole`).
+torchtitan 0.3.0's parallelize functions apply FSDP2 on any rank count, and on one rank it shards nothing yet
+still copies every parameter into its all-gather buffers and every gradient through its reduce path each step,
+on fresh buffers of the weights' size: at Qwen3-0.6B's width (8 layers, one row of 1,024 tokens) that was over
+half of a CPU step, most of it the tied 151,936-row embedding's group (docs/performance.md). Without FSDP the
+bf16 compute comes from ``torch.autocast``, as torchtitan documents single-device mixed precision
 (``TrainingConfig.mixed_precision_param``): fp32 weights and gradients, the matrix products in bf16. Not on
 CUDA (FSDP2's mixed precision is what torchtitan's CUDA graphs and compile paths are tested with) nor Neuron.
 """
@@ -66,6 +66,12 @@ def parallelized_for_the_job(parallelize_fn: Callable[..., nn.Module]) -> Callab
             model = parallelize_fn(model, **{**kwargs, "skip_dp": True})
             bf16 = kwargs["training"].mixed_precision_param == "bfloat16"
             model.compute_dtype = torch.bfloat16 if bf16 else None
+            if getattr(model, "enable_weight_tying", False):
+                # The lookup's gradient as rows: the tied projection's dense gradient of the same weight reaches
+                # autograd before it (the chunked loss runs the projection's backward first) or in the same
+                # sum, so the rows are added into that in place, not into a zeroed vocabulary-sized buffer each
+                # step. An untied embedding keeps its dense gradient (the optimizer takes dense ones only).
+                model.tok_embeddings.sparse = True
             # Under autocast the norms get bf16 activations and fp32 weights, which torch's fused rms_norm does
             # not take: it computes them unfused (in fp32, as transformers' own RMSNorm does) and says so once.
             warnings.filterwarnings(

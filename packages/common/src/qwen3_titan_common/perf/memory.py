@@ -135,10 +135,11 @@ def track_step(
     causal: per-document attention's extra buffers (the block-sparse attention's scores of one chunk of block
     pairs) live inside one layer's call, as the fused causal kernel's do. ``loss_chunks``: the run's loss
     applies the output projection in that many chunks (``train.loss``), so one chunk's logits are alive at a
-    time; None: the whole batch's logits, as torchtitan's plain cross-entropy. ``gloo``: the job's collectives
-    run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold two copies of their
-    buffer while they run (measured, ``docs/performance.md``), outside any tensor the tracker sees: they are
-    added for each call.
+    time (through ``perf.projection`` for a model trained whole in bf16, as that loss projects, its weight
+    copy kept for the step); None: the whole batch's logits, as torchtitan's plain cross-entropy. ``gloo``:
+    the job's collectives run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold
+    two copies of their buffer while they run (measured, ``docs/performance.md``), outside any tensor the
+    tracker sees: they are added for each call.
     """
     import torch
     from torch.distributed.fsdp import FSDPModule
@@ -153,6 +154,7 @@ def track_step(
         tracker_peak_by_kind,
     )
     from qwen3_titan_common.perf.precision import compute_autocast, model_compute_dtype
+    from qwen3_titan_common.perf.projection import ComputeDtypeProjection
 
     with fake_tensor_mode():
         model = build()
@@ -161,7 +163,13 @@ def track_step(
         elif any(param.is_meta for param in model.parameters()):
             materialise_meta_tensors(model, device)
         if getattr(model, "enable_weight_tying", False):
-            model.tok_embeddings.weight = model.lm_head.weight  # as torchtitan's init_states re-ties
+            # to_empty gave the tied pair two tensors; torchtitan's init_states re-ties them after it.
+            model.tok_embeddings.weight = model.lm_head.weight
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                # torch's tracker cannot read a sparse tensor's storage; a tied embedding's gradient (rows, on one
+                # CPU rank: models.fsdp_comms) is counted as the dense buffer it would otherwise be.
+                module.sparse = False
         model.train()
         params = list(model.parameters())
         optimizer = build_optimizer(model)
@@ -176,9 +184,22 @@ def track_step(
                 # The run's loss projects one chunk of the trained tokens at a time (every fake label is
                 # trained); one chunk's logits stand for each (torch's FSDP tracker takes one call per module).
                 chunk = -(-batch * seq_len // loss_chunks)
-                with compute_autocast(model_compute_dtype(model)):  # as the loss applies it (``train.loss``)
-                    logits = model.lm_head(output.reshape(batch * seq_len, -1)[:chunk])
-                loss = torch.nn.functional.cross_entropy(logits.float(), labels.reshape(-1)[:chunk])
+                hidden = output.reshape(batch * seq_len, -1)[:chunk]
+                chunk_labels = labels.reshape(-1)[:chunk]
+                projection = ComputeDtypeProjection.of(model.lm_head, model_compute_dtype(model), chunks=1)
+                if projection is None:
+                    # As the loss applies it (``train.loss``).
+                    with compute_autocast(model_compute_dtype(model)):
+                        logits = model.lm_head(hidden)
+                    loss = torch.nn.functional.cross_entropy(logits.float(), chunk_labels)
+                else:
+                    # A model trained whole on one CPU rank, as its loss runs: the chunk's own backward first,
+                    # which gives the weight its gradient, then the decoder's from the hidden states' gradient
+                    # (the product's backward).
+                    cut = hidden.detach().requires_grad_()
+                    logits = projection(cut)
+                    torch.nn.functional.cross_entropy(logits, chunk_labels).backward()
+                    loss = (hidden * cut.grad).sum()
                 del logits
             else:
                 # torchtitan's loss: fp32 cross-entropy over the flattened logits.

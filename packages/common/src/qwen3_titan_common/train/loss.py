@@ -8,6 +8,14 @@ output projection at Qwen3's 151,936-token vocabulary is most of a small model's
 hands it only the trained positions' hidden states. The loss is the same sum over the same tokens divided by
 the same count, so only the order of the fp32 sum differs from the plain loss.
 
+On one CPU rank a dense model trains whole, fp32 weights under bf16 autocast (``models.fsdp_comms``). There
+autocast's projection would compute each chunk's weight gradient in bf16 and send it back to fp32 on fresh
+buffers of the vocabulary's size (twice a chunk, each the size of the tied embedding; on a CPU, faulting in
+fresh memory is much of a step). ``perf.projection.ComputeDtypeProjection`` computes the logits and the hidden states'
+gradient as autocast does, from a bf16 copy of the weight kept across steps, and adds each chunk's weight
+gradient into one fp32 buffer by an fp32 product (no bf16 product to convert, and closer to the exact gradient),
+which the last chunk's backward hands to the weight.
+
 The selection has a shape that depends on the batch: not for Neuron (one graph per shape), CUDA graphs, or
 the layouts whose hidden states are sharded along the sequence or the vocabulary (tensor, context and
 pipeline parallelism), which keep torchtitan's plain cross-entropy (:func:`with_trained_token_loss`).
@@ -24,6 +32,7 @@ from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper, CrossEn
 from torchtitan.tools import utils as titan_utils
 
 from qwen3_titan_common.perf.precision import compute_autocast
+from qwen3_titan_common.perf.projection import ComputeDtypeProjection
 
 
 class TrainedTokenLoss(ChunkedLossWrapper):
@@ -38,6 +47,8 @@ class TrainedTokenLoss(ChunkedLossWrapper):
     """The autocast dtype of a model trained whole on one CPU rank (``models.fsdp_comms``), for the output
     projection this loss applies outside the model's forward; set by the trainer."""
 
+    _kept_projection: ComputeDtypeProjection | None = None
+
     def __call__(
         self,
         pred: torch.Tensor,
@@ -45,6 +56,20 @@ class TrainedTokenLoss(ChunkedLossWrapper):
         global_valid_tokens: torch.Tensor | None = None,
         **loss_inputs: Any,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        projection = ComputeDtypeProjection.of(
+            self.lm_head, self.compute_dtype, chunks=self.num_chunks, kept=self._kept_projection
+        )
+        self._kept_projection = projection
+        if projection is None:
+            return self._trained_token_loss(pred, labels, global_valid_tokens, **loss_inputs)
+        # For this call only: the parent's chunk loop calls ``self.lm_head``; the module stays the model's.
+        lm_head, self.lm_head = self.lm_head, projection
+        try:
+            return self._trained_token_loss(pred, labels, global_valid_tokens, **loss_inputs)
+        finally:
+            self.lm_head = lm_head
+
+    def _trained_token_loss(self, pred, labels, global_valid_tokens, **loss_inputs):
         # pred: the model's hidden states (batch, seq, dim); labels (batch, seq).
         trained_BL = labels != IGNORE_INDEX
         hidden_ND = pred[trained_BL]
