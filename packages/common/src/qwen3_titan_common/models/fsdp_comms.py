@@ -56,9 +56,10 @@ def trains_whole(parallel_dims, model: nn.Module | None = None) -> bool:
 
 
 def parallelized_for_the_job(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A model spec's ``parallelize_fn`` that leaves a dense one-CPU-rank model whole (its ``compute_dtype`` the bf16
-    its forward autocasts to, when the run computes in bf16), and otherwise has its FSDP2 groups reduce with
-    ``SUM`` over gloo. ``parallelize_fn`` takes torchtitan's ``skip_dp``."""
+    """A model spec's ``parallelize_fn`` that leaves a dense one-CPU-rank model whole (its ``compute_dtype``
+    the bf16 its forward autocasts to, when the run computes in bf16; a tied embedding's gradient as rows), and
+    otherwise has its FSDP2 groups reduce with ``SUM`` over gloo. ``parallelize_fn`` takes torchtitan's
+    ``skip_dp``."""
 
     @wraps(parallelize_fn)
     def parallelize(model: nn.Module, **kwargs) -> nn.Module:

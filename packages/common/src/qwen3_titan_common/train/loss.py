@@ -8,13 +8,9 @@ output projection at Qwen3's 151,936-token vocabulary is most of a small model's
 hands it only the trained positions' hidden states. The loss is the same sum over the same tokens divided by
 the same count, so only the order of the fp32 sum differs from the plain loss.
 
-On one CPU rank a dense model trains whole, fp32 weights under bf16 autocast (``models.fsdp_comms``). There
-autocast's projection would compute each chunk's weight gradient in bf16 and send it back to fp32 on fresh
-buffers of the vocabulary's size (twice a chunk, each the size of the tied embedding; on a CPU, faulting in
-fresh memory is much of a step). ``perf.projection.ComputeDtypeProjection`` computes the logits and the hidden states'
-gradient as autocast does, from a bf16 copy of the weight kept across steps, and adds each chunk's weight
-gradient into one fp32 buffer by an fp32 product (no bf16 product to convert, and closer to the exact gradient),
-which the last chunk's backward hands to the weight.
+On one CPU rank a dense model trains whole, fp32 weights under bf16 autocast (``models.fsdp_comms``); there
+the chunks project through ``perf.projection`` rather than autocast, which would convert each chunk's weight
+gradient on fresh buffers of the vocabulary's size.
 
 The selection has a shape that depends on the batch: not for Neuron (one graph per shape), CUDA graphs, or
 the layouts whose hidden states are sharded along the sequence or the vocabulary (tensor, context and
