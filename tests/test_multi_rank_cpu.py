@@ -19,8 +19,7 @@ def test_tensor_parallel_from_a_model_of_another_vocabulary_equals_one_rank(tmp_
     be the --hf-model's (8,192 here), not the config function's (4,096)."""
     from qwen3_titan_common.train.tolerance import ModelBounds
     from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
-
-    from tools.moe_balance_narrow import tensorboard_scalars
+    from qwen3_titan_testing.narrow_moe import tensorboard_scalars
 
     model = make_tiny_checkpoint(tmp_path / "model", vocab_size=8192)
     env = {

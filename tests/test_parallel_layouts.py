@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.narrow_moe import tensorboard_scalars
 from safetensors.torch import load_file
-
-from tools.moe_balance_narrow import tensorboard_scalars
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 STEPS, SEQ_LEN, GLOBAL_BATCH = 4, 128, 8

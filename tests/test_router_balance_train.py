@@ -20,8 +20,7 @@ from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
-
-from tools.moe_balance_narrow import tensorboard_scalars
+from qwen3_titan_testing.narrow_moe import tensorboard_scalars
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 NO_UPDATE = [
@@ -76,7 +75,7 @@ def test_the_reported_loss_is_the_language_model_loss(tmp_path, moe_source):
 def test_balance_loss_keeps_routing_from_collapsing_on_narrow_data(tmp_path):
     import json
 
-    from tools.moe_balance_narrow import RECORD, make_checkpoint, run
+    from qwen3_titan_testing.narrow_moe import RECORD, make_checkpoint, run
 
     model = make_checkpoint(tmp_path / "moe")
     data = tmp_path / "narrow.jsonl"

@@ -51,24 +51,38 @@ def test_cpu_device_module_reports_host_memory():
     assert CpuDeviceModule.device_count() == 1
 
 
-def test_torchtitan_sees_cpu_through_the_autoload_hook():
-    # A fresh interpreter: the hook is installed by torch's backend autoload alone.
+@pytest.mark.parametrize(
+    "first_import",
+    ["import torchtitan.train", "import torchtitan.tools.utils as u"],
+    ids=["upstream-entry-torch-first", "torchtitan-utils-first"],
+)
+def test_torchtitan_sees_cpu_through_torchs_backend_autoload(first_import):
+    """A fresh interpreter: the hook is installed by torch's ``torch.backends`` autoload alone, before
+    torchtitan's modules copy its device names, whether torch is imported before torchtitan's utils (the
+    upstream ``torchtitan.train``) or by them."""
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
     code = (
-        "import torchtitan.tools.utils as u; from torchtitan.distributed import utils as du; "
+        f"{first_import}; import torchtitan.tools.utils as u; from torchtitan.distributed import utils as du; "
         "print(u.device_type, u.device_module.__name__, du.device_type)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["cpu", "CpuDeviceModule", "cpu"]
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"  # torch's switch: without its autoload, torchtitan's fallback
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "cuda"
 
 
-def test_hook_is_installed_at_startup_without_importing_torch():
+def test_the_hook_is_installed_by_importing_torch_and_not_before():
+    """No start-up hook in the environment's other processes: only ``import torch`` installs it."""
     code = (
-        "import sys; print(any(type(f).__name__ == '_TorchtitanDeviceHook' for f in sys.meta_path), "
-        "'torch' in sys.modules)"
+        "import sys\n"
+        "def hooked(): return any(type(f).__name__ == '_TorchtitanDeviceHook' for f in sys.meta_path)\n"
+        "before = hooked()\n"
+        "import torch\n"
+        "print(before, hooked())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "False"]
+    assert out.stdout.split() == ["False", "True"]
 
 
 def test_device_files_of_every_accelerator_driver_are_found(tmp_path):

@@ -5,8 +5,8 @@ Three things, none of which imports torch or torchtitan here:
 1. an import hook that runs ``gpu_bench_shims.apply()`` right before ``torchtitan`` is first imported,
    so every process (every rank, were torchrun used) gets the polyfills before torchtitan looks;
 2. common's torchtitan device hook (``qwen3_titan_common.runtime.device_autoload.register``), which an
-   installed ``common`` gets from its ``.pth`` file: with the packages only on PYTHONPATH it would be
-   missing, and torchtitan would then take a CPU host for CUDA (on a GPU the hook changes nothing);
+   installed ``common`` gets from its ``torch.backends`` entry point: with the packages only on PYTHONPATH
+   it would be missing, and torchtitan would then take a CPU host for CUDA (on a GPU it changes nothing);
 3. the ``sitecustomize`` this file shadows (e.g. Debian's), if there is one, still runs.
 """
 
