@@ -101,56 +101,93 @@ def test_the_whole_model_computes_in_the_runs_precision_and_keeps_fp32_weights_a
     assert abs(loss.item() - torch.log(torch.tensor(float(vocab))).item()) < 0.5
 
 
-def test_the_losss_bf16_projection_is_autocasts_with_an_fp32_weight_gradient():
-    """The bf16 projection of ``train.loss`` against autocast's (the same loss handed lm_head inside a
-    container, which it leaves to autocast): the same bf16 products for the logits and the hidden states'
-    gradient, so the loss and every gradient but the projection's weight are equal bit for bit. The weight's
-    (tied to the embedding) is an fp32 product of the fp32 dlogits and hidden states on our side; autocast's
-    rounds both to bf16 (2^-8 each, relative: 8 bits) and each chunk's product to bf16 (2^-8 of its sum of
-    |terms|)
-    before summing the chunks in fp32: |ours - autocast's| <= 3 x 2^-8 x sum over tokens of |dlogit| |hidden|,
-    and fp32's rounding of sums of under 64 terms."""
-    import copy
+def _exact_and_bounds(hidden_ND, labels_N, weight_VD, divisor):
+    """The exact loss and gradients (fp64) of the bf16 product of ``hidden`` and ``weight`` that
+    ``perf.projection`` computes, and bounds on its deviations by the tolerance rule (``train.tolerance``):
+    its logits are bf16 roundings (u = 2^-8) of D-term fp32 sums; the loss moves by at most twice a row's
+    largest logit error (log-sum-exp and the picked logit are 1-Lipschitz in it), the softmax by the factor
+    exp(2 x that) - 1 relative, plus fp32's V-term sum and a few elementwise roundings (the subtraction of the
+    row's maximum: eps of the row's range); the hidden states' gradient is a bf16 product of the gradient
+    rounded to bf16; the weight's an fp32 sum over the rows with the fp32 hidden states."""
+    from qwen3_titan_common.train.tolerance import reduction_atol
 
-    torch.manual_seed(0)
-    ours = _initialised_model()
-    reference = copy.deepcopy(ours)
-    vocab = default_architecture().vocab_size
-    generator = torch.Generator().manual_seed(2)
-    tokens = torch.randint(0, vocab, (2, 24), generator=generator)
-    labels = torch.randint(0, vocab, (2, 24), generator=generator)
-    labels[0, :7] = -100  # a prompt: trained tokens only, 41 of them in 4 chunks (one padded row)
-    trained = torch.tensor(int((labels != -100).sum()))
-    results = []
-    for model, lm_head in ((ours, ours.lm_head), (reference, torch.nn.Sequential(reference.lm_head))):
-        loss_fn = TrainedTokenLoss.Config(loss_fn=CrossEntropyLoss.Config()).build()
-        loss_fn.set_lm_head(lm_head)
-        loss_fn.compute_dtype = model.compute_dtype = torch.bfloat16
-        apply_lm_head_in_loss(model)
-        for _ in range(2):  # the second call reuses the first's bf16 weight buffer
-            model.zero_grad(set_to_none=True)
-            loss, _ = loss_fn(model(tokens), labels, trained)
-            loss.backward()
-        results.append((loss, {name: p.grad for name, p in model.named_parameters()}))
-    (loss, grads), (expected_loss, expected) = results
-    assert torch.equal(loss, expected_loss)
-    tied = {"lm_head.weight", "tok_embeddings.weight"}
-    for name in expected.keys() - tied:
-        assert torch.equal(grads[name], expected[name]), name
-    # sum over the trained tokens of |dlogit| x |hidden|, dlogit = (softmax - onehot) / n.
+    eps, u16 = torch.finfo(torch.float32).eps, 2.0**-8
+    rows, dim = hidden_ND.shape
+    vocab = weight_VD.shape[0]
+    h16, w16, h32 = hidden_ND.bfloat16().double(), weight_VD.bfloat16().double(), hidden_ND.double()
+    logits = h16 @ w16.T
+    sums = h16.abs() @ w16.abs().T
+    logit_err = reduction_atol(dim, sums) + u16 * (logits.abs() + reduction_atol(dim, sums))
+    trained = labels_N != -100
+    share = trained.double()[:, None] / float(divisor)
+    span = (logits.amax(-1) - logits.amin(-1))[:, None]
+    fp32_rel = reduction_atol(vocab, 1.0) + 6 * eps * (1 + span)
+    shift = 2 * logit_err.amax(-1, keepdim=True)
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    picked = logits.gather(1, labels_N.clamp(min=0)[:, None])
+    row_loss = torch.where(trained[:, None], lse - picked, 0.0)
+    loss_err = (
+        (shift + fp32_rel + 2 * eps * (lse.abs() + row_loss.abs())) * trained[:, None]
+    ).sum() / divisor
+    loss_err = loss_err + reduction_atol(rows, row_loss.abs().sum() / divisor)
+    probs = torch.softmax(logits, -1)
+    onehot = torch.zeros_like(probs).scatter_(1, labels_N.clamp(min=0)[:, None], 1.0)
+    dlogits = (probs - onehot) * share
+    err32 = share * (probs * (torch.expm1(shift) + fp32_rel) + eps * onehot)
+    err16 = err32 + u16 * (dlogits.abs() + err32)
+    hidden_grad = dlogits @ w16
+    hidden_sums = (dlogits.abs() + err16) @ w16.abs()
+    hidden_err = (
+        err16 @ w16.abs() + reduction_atol(vocab, hidden_sums) + u16 * (hidden_grad.abs() + hidden_sums)
+    )
+    weight_grad = dlogits.T @ h32
+    weight_err = err32.T @ h32.abs() + reduction_atol(rows, (dlogits.abs() + err32).T @ h32.abs())
+    return (row_loss.sum() / divisor, loss_err), (hidden_grad, hidden_err), (weight_grad, weight_err)
+
+
+def test_the_fused_projection_and_cross_entropy_are_the_exact_ones_of_its_bf16_product():
+    """``perf.projection`` against fp64 over the same bf16-rounded operands: the loss, the hidden states'
+    gradient and the weight's (summed into ``weight.grad`` across calls, into a buffer it keeps), with ignored
+    rows, an uneven last chunk, a second call of fewer rows in the same buffers, and validation's call."""
+    from qwen3_titan_common.perf.projection import ProjectionCrossEntropy
+
+    generator = torch.Generator().manual_seed(4)
+    vocab, dim = 512, 48
+    lm_head = torch.nn.Linear(dim, vocab, bias=False)
     with torch.no_grad():
-        hidden_ND = reference(tokens)[labels != -100].double()
-    weight_VD = reference.lm_head.weight.detach().to(torch.bfloat16).double()
-    probs_NV = torch.softmax(hidden_ND.to(torch.bfloat16).double() @ weight_VD.T, dim=-1)
-    probs_NV[torch.arange(len(probs_NV)), labels[labels != -100]] -= 1
-    token_sums = (probs_NV.abs() / trained).T @ hidden_ND.abs()
-    assert tied & expected.keys()
-    for name in tied & expected.keys():
-        assert grads[name].dtype == torch.float32
-        diff = (grads[name].double() - expected[name].double()).abs()
-        eps = torch.finfo(torch.float32).eps
-        bound = (3 * 2.0**-8 + 64 * eps) * token_sums + 2 * eps * expected[name].double().abs()
-        assert (diff <= bound).all(), (name, float((diff - bound).max()))
+        lm_head.weight.copy_(torch.randn(vocab, dim, generator=generator) * 0.3)
+    batches = []
+    for rows in (37, 21):
+        hidden_ND = torch.randn(rows, dim, generator=generator).requires_grad_()
+        labels_N = torch.randint(0, vocab, (rows,), generator=generator)
+        labels_N[::5] = -100
+        batches.append((hidden_ND, labels_N, torch.tensor(int((labels_N != -100).sum()) + 3)))
+    projection, buffers = None, None
+    weight_grad, weight_err = 0.0, 0.0
+    for hidden_ND, labels_N, divisor in batches:
+        projection = ProjectionCrossEntropy.of(lm_head, torch.bfloat16, kept=projection)
+        loss, grad_ND = projection(hidden_ND, labels_N, chunk_rows=8, divisor=divisor)
+        buffers = buffers or (projection._probs_CV, projection._logits_CV)
+        assert (projection._probs_CV, projection._logits_CV) == buffers  # kept, not re-allocated
+        (exact_loss, loss_err), (hidden_grad, hidden_err), (weight_part, weight_part_err) = _exact_and_bounds(
+            hidden_ND.detach(), labels_N, lm_head.weight.detach(), divisor
+        )
+        assert abs(loss.item() - exact_loss.item()) <= loss_err.item()
+        assert ((grad_ND.double() - hidden_grad).abs() <= hidden_err).all()
+        assert not grad_ND[labels_N == -100].any()
+        weight_grad, weight_err = weight_grad + weight_part, weight_err + weight_part_err
+        assert ((lm_head.weight.grad.double() - weight_grad).abs() <= weight_err).all()
+    kept = lm_head.weight.grad
+    lm_head.weight.grad = None  # the optimizer's zero_grad: the next call writes the same buffer over
+    hidden_ND, labels_N, divisor = batches[1]
+    projection = ProjectionCrossEntropy.of(lm_head, torch.bfloat16, kept=projection)
+    projection(hidden_ND, labels_N, chunk_rows=8, divisor=divisor)
+    assert lm_head.weight.grad is kept
+    assert ((kept.double() - weight_part).abs() <= weight_part_err).all()
+    # Validation: the loss only, no gradient anywhere.
+    loss, grad_ND = projection(hidden_ND.detach(), labels_N, chunk_rows=8, divisor=divisor)
+    assert grad_ND is None and lm_head.weight.grad is kept
+    assert abs(loss.item() - exact_loss.item()) <= loss_err.item()
 
 
 def test_a_tied_embedding_on_one_rank_takes_its_gradient_as_rows(one_rank):

@@ -135,9 +135,9 @@ def track_step(
     causal: per-document attention's extra buffers (the block-sparse attention's scores of one chunk of block
     pairs) live inside one layer's call, as the fused causal kernel's do. ``loss_chunks``: the run's loss
     applies the output projection in that many chunks (``train.loss``), so one chunk's logits are alive at a
-    time (through ``perf.projection`` for a model trained whole in bf16, as that loss projects, its weight
-    copy kept for the step); None: the whole batch's logits, as torchtitan's plain cross-entropy. ``gloo``:
-    the job's collectives run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold
+    time (fused with the cross-entropy by ``perf.projection`` for a model trained whole in bf16, as that loss
+    does, its buffers kept for the step); None: the whole batch's logits, as torchtitan's plain
+    cross-entropy. ``gloo``: the job's collectives run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold
     two copies of their buffer while they run (measured, ``docs/performance.md``), outside any tensor the
     tracker sees: they are added for each call.
     """
@@ -154,7 +154,7 @@ def track_step(
         tracker_peak_by_kind,
     )
     from qwen3_titan_common.perf.precision import compute_autocast, model_compute_dtype
-    from qwen3_titan_common.perf.projection import ComputeDtypeProjection
+    from qwen3_titan_common.perf.projection import ProjectionCrossEntropy
 
     with fake_tensor_mode():
         model = build()
@@ -186,21 +186,21 @@ def track_step(
                 chunk = -(-batch * seq_len // loss_chunks)
                 hidden = output.reshape(batch * seq_len, -1)[:chunk]
                 chunk_labels = labels.reshape(-1)[:chunk]
-                projection = ComputeDtypeProjection.of(model.lm_head, model_compute_dtype(model), chunks=1)
+                compute_dtype = model_compute_dtype(model)
+                projection = ProjectionCrossEntropy.of(model.lm_head, compute_dtype)
                 if projection is None:
                     # As the loss applies it (``train.loss``).
-                    with compute_autocast(model_compute_dtype(model)):
+                    with compute_autocast(compute_dtype):
                         logits = model.lm_head(hidden)
                     loss = torch.nn.functional.cross_entropy(logits.float(), chunk_labels)
+                    del logits
                 else:
-                    # A model trained whole on one CPU rank, as its loss runs: the chunk's own backward first,
-                    # which gives the weight its gradient, then the decoder's from the hidden states' gradient
-                    # (the product's backward).
+                    # A model trained whole on one CPU rank, as its loss runs: the fused chunk gives the weight
+                    # its gradient, then the decoder's backward runs from the hidden states' gradient. Its
+                    # buffers stay alive through the step, as the run keeps them across steps.
                     cut = hidden.detach().requires_grad_()
-                    logits = projection(cut)
-                    torch.nn.functional.cross_entropy(logits, chunk_labels).backward()
-                    loss = (hidden * cut.grad).sum()
-                del logits
+                    _, grad = projection(cut, chunk_labels, chunk_rows=chunk)
+                    loss = (hidden * grad.to(hidden.dtype)).sum()
             else:
                 # torchtitan's loss: fp32 cross-entropy over the flattened logits.
                 loss = torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), labels.flatten(0, 1))

@@ -1,44 +1,45 @@
-"""The output projection of a model trained whole on one CPU rank, in its compute dtype, without autocast's
-per-chunk conversions.
+"""The output projection and cross-entropy of a model trained whole on one CPU rank, fused, in its compute
+dtype.
 
-Under bf16 autocast over fp32 weights (``models.fsdp_comms``), a chunked loss (``train.loss``) projecting each
-chunk through autocast computes the chunk's weight gradient in bf16 and sends it back to fp32 on fresh buffers
-the size of the vocabulary's weight, twice a chunk; on a CPU, faulting in fresh memory is much of a step.
-:class:`ComputeDtypeProjection` gives the same logits and hidden-state gradients (the same bf16 products), and
-sums the weight's gradient over a loss call's chunks in one fp32 buffer by fp32 products (closer to the exact
-gradient than autocast's bf16 ones). The memory estimate (``perf.memory``) projects through it as the run does.
+Under bf16 autocast over fp32 weights (``models.fsdp_comms``), a chunked loss (``train.loss``) that projects
+each chunk through autocast and torch's cross-entropy creates, per chunk, the bf16 logits, their fp32 copy, the
+log-probabilities, their gradient, its bf16 copy, and the weight's bf16 gradient with its fp32 copy: buffers
+the size of the chunk's logits or of the vocabulary's weight, fresh each time, and on a CPU faulting fresh
+memory in is much of a step. Torch has no fused projection and cross-entropy for the CPU, so
+:class:`ProjectionCrossEntropy` computes each chunk's loss and gradients within the loss's forward (as the
+chunked loss does: it runs each chunk's backward right after its forward, with the loss's gradient 1) in two
+buffers of one chunk's logits, fp32 and the compute dtype's, kept across steps. The logits and the hidden
+states' gradient are the same compute-dtype products as autocast's; the softmax and its gradient are computed
+in place in fp32; the weight's gradient is summed over the chunks by fp32 products (closer to the exact
+gradient than autocast's bf16 ones) into the weight's ``.grad``, a buffer also kept across steps. The memory
+estimate (``perf.memory``) projects through it as the run does.
 """
 
 from __future__ import annotations
 
 import torch
 from torch.distributed.tensor import DTensor
+from torchtitan.components.loss import IGNORE_INDEX
 
 
-class ComputeDtypeProjection:
-    """A bias-free output projection in the compute dtype: the logits from a compute-dtype copy of the fp32
-    weight (refreshed each loss call, its buffer kept across calls), and the weight's gradient summed over the
-    loss call's chunks in fp32, each chunk's added in place by one fp32 product, and handed to the weight by
-    the last chunk's backward (the chunked loss runs each chunk's backward right after its forward)."""
+class ProjectionCrossEntropy:
+    """Cross-entropy of ``hidden @ weight.T`` for a bias-free fp32 weight, computed in the compute dtype
+    from a copy of the weight refreshed each call (:meth:`of`), chunk by chunk in kept buffers."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         self.weight = weight
         self.weight_VD = torch.empty_like(weight, dtype=dtype)
-        self.weight_grad: torch.Tensor | None = None
-        self.chunks_left = 0
+        self._weight_grad_VD: torch.Tensor | None = None
+        self._logits_CV: torch.Tensor | None = None  # the compute dtype's products
+        self._probs_CV: torch.Tensor | None = None  # fp32: the softmax, then the logits' gradient
 
     @classmethod
     def of(
-        cls,
-        lm_head,
-        compute_dtype: torch.dtype | None,
-        *,
-        chunks: int,
-        kept: ComputeDtypeProjection | None = None,
-    ) -> ComputeDtypeProjection | None:
-        """The projection of one loss call in ``chunks`` chunks, for ``lm_head`` where autocast would compute it in
-        ``compute_dtype`` over a plain (unsharded) fp32 ``nn.Linear`` without bias, reusing ``kept``'s buffer when
-        it is for the same weight; otherwise None (autocast's projection)."""
+        cls, lm_head, compute_dtype: torch.dtype | None, *, kept: ProjectionCrossEntropy | None = None
+    ) -> ProjectionCrossEntropy | None:
+        """The projection for ``lm_head`` where autocast would compute it in ``compute_dtype`` over a plain
+        (unsharded) fp32 ``nn.Linear`` without bias, reusing ``kept``'s buffers when it is for the same weight;
+        otherwise None (autocast's projection)."""
         if compute_dtype is None or not isinstance(lm_head, torch.nn.Linear) or lm_head.bias is not None:
             return None
         weight = lm_head.weight
@@ -47,49 +48,69 @@ class ComputeDtypeProjection:
         projection = kept if kept is not None and kept.weight is weight else cls(weight, compute_dtype)
         with torch.no_grad():
             projection.weight_VD.copy_(weight)
-        projection.weight_grad, projection.chunks_left = None, chunks
         return projection
 
-    def __call__(self, hidden_BND: torch.Tensor) -> torch.Tensor:
-        return _ProjectInComputeDtype.apply(hidden_BND, self.weight, self.weight_VD, self)
+    def __call__(
+        self, hidden_ND: torch.Tensor, labels_N: torch.Tensor, *, chunk_rows: int, divisor=None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sum of the rows' cross-entropy (labels ``IGNORE_INDEX`` left out) divided by ``divisor``, as
+        fp32, ``chunk_rows`` rows at a time. With ``hidden_ND.requires_grad`` also the loss's gradient with
+        respect to ``hidden_ND`` (fp32), and its gradient with respect to the weight added into ``weight.grad``
+        (set to this object's kept buffer when None)."""
+        rows, dim = hidden_ND.shape
+        train = hidden_ND.requires_grad
+        self._reserve(chunk_rows)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden_ND.device)
+        grad_ND = torch.empty(rows, dim, dtype=torch.float32, device=hidden_ND.device) if train else None
+        with torch.no_grad(), torch.autocast(hidden_ND.device.type, enabled=False):
+            for start in range(0, rows, chunk_rows):
+                hidden_nD = hidden_ND[start : start + chunk_rows].detach()
+                labels_n = labels_N[start : start + chunk_rows]
+                n = hidden_nD.shape[0]
+                logits_nV, probs_nV = self._logits_CV[:n], self._probs_CV[:n]
+                torch.mm(hidden_nD.to(self.weight_VD.dtype), self.weight_VD.t(), out=logits_nV)
+                loss += self._chunk(logits_nV, probs_nV, labels_n, divisor, train)
+                if train:
+                    grad_ND[start : start + n] = logits_nV @ self.weight_VD
+                    if self.weight.requires_grad:
+                        self._add_weight_grad(probs_nV, hidden_nD.float())
+        return loss, grad_ND
 
-    def weight_grad_of_chunk(self, grad_NV: torch.Tensor, hidden_ND: torch.Tensor) -> torch.Tensor | None:
-        """Adds grad_NV.T @ hidden_ND (fp32) to the sum; the sum after the last chunk, else None."""
-        if self.weight_grad is None:
-            self.weight_grad = grad_NV.t() @ hidden_ND
-        else:
-            self.weight_grad.addmm_(grad_NV.t(), hidden_ND)
-        self.chunks_left -= 1
-        if self.chunks_left > 0:
-            return None
-        # Autograd then holds the only reference: the weight takes the sum as its gradient without a copy, and
-        # the tied embedding's rows are added into it in place (``models.fsdp_comms``).
-        weight_grad, self.weight_grad = self.weight_grad, None
-        return weight_grad
-
-
-class _ProjectInComputeDtype(torch.autograd.Function):
-    """fp32 logits of hidden @ weight.T computed in the weight copy's dtype, as autocast's projection and the
-    cross-entropy's fp32 cast give them; the hidden states' gradient in that dtype as autocast's, the weight's
-    in fp32 from the projection (``weight`` is an input for that gradient only; ``weight_VD`` is its copy)."""
+    def _reserve(self, chunk_rows: int) -> None:
+        if self._probs_CV is None or self._probs_CV.shape[0] < chunk_rows:
+            vocab = self.weight.shape[0]
+            self._logits_CV = self.weight_VD.new_empty(chunk_rows, vocab)
+            self._probs_CV = self.weight_VD.new_empty(chunk_rows, vocab, dtype=torch.float32)
 
     @staticmethod
-    def forward(ctx, hidden_BND, weight, weight_VD, projection):
-        ctx.save_for_backward(hidden_BND, weight_VD)
-        ctx.projection = projection
-        return (hidden_BND.to(weight_VD.dtype) @ weight_VD.t()).float()
+    def _chunk(logits_nV, probs_nV, labels_n, divisor, train: bool) -> torch.Tensor:
+        """The chunk's loss; with ``train``, the logits' gradient left in ``probs_nV`` (fp32) and in
+        ``logits_nV`` (the compute dtype)."""
+        trained_n = labels_n != IGNORE_INDEX
+        label_n1 = labels_n.clamp(min=0)[:, None]
+        probs_nV.copy_(logits_nV)
+        probs_nV.sub_(probs_nV.amax(dim=-1, keepdim=True))
+        picked_n = probs_nV.gather(1, label_n1)[:, 0]
+        probs_nV.exp_()
+        sum_n1 = probs_nV.sum(dim=-1, keepdim=True)
+        loss = torch.where(trained_n, sum_n1[:, 0].log() - picked_n, 0.0).sum()
+        share_n1 = trained_n[:, None].float()
+        if divisor is not None:
+            loss, share_n1 = loss / divisor, share_n1 / divisor
+        if train:
+            # Each trained row's share of the loss: the gradient is (softmax - one-hot) x share.
+            probs_nV.mul_(share_n1 / sum_n1)
+            probs_nV.scatter_add_(1, label_n1, -share_n1)
+            logits_nV.copy_(probs_nV)
+        return loss
 
-    @staticmethod
-    def backward(ctx, grad_BNV):
-        hidden_BND, weight_VD = ctx.saved_tensors
-        # The chunked loss runs each chunk's backward inside its autocast: the dtypes here are explicit.
-        with torch.autocast(grad_BNV.device.type, enabled=False):
-            grad_BNV = grad_BNV.float()
-            weight_grad = None
-            if ctx.needs_input_grad[1]:
-                weight_grad = ctx.projection.weight_grad_of_chunk(
-                    grad_BNV.reshape(-1, grad_BNV.shape[-1]),
-                    hidden_BND.reshape(-1, hidden_BND.shape[-1]).float(),
-                )
-            grad_hidden_BND = grad_BNV.to(weight_VD.dtype) @ weight_VD
-        return grad_hidden_BND.to(hidden_BND.dtype), weight_grad, None, None
+    def _add_weight_grad(self, grad_nV: torch.Tensor, hidden_nD: torch.Tensor) -> None:
+        grad_VD = self.weight.grad
+        if grad_VD is not None:
+            grad_VD.addmm_(grad_nV.t(), hidden_nD)
+            return
+        # The optimizer's ``zero_grad`` set the weight's gradient to None; its buffer is this one, written over.
+        if self._weight_grad_VD is None:
+            self._weight_grad_VD = torch.empty_like(self.weight)
+        torch.mm(grad_nV.t(), hidden_nD, out=self._weight_grad_VD)
+        self.weight.grad = self._weight_grad_VD

@@ -9,8 +9,8 @@ hands it only the trained positions' hidden states. The loss is the same sum ove
 the same count, so only the order of the fp32 sum differs from the plain loss.
 
 On one CPU rank a dense model trains whole, fp32 weights under bf16 autocast (``models.fsdp_comms``); there
-the chunks project through ``perf.projection`` rather than autocast, which would convert each chunk's weight
-gradient on fresh buffers of the vocabulary's size.
+the projection and the cross-entropy are fused (``perf.projection``) in buffers kept across steps, the same
+chunks' losses and gradients without autocast's fresh buffers of the logits' and the weight's size.
 
 The selection has a shape that depends on the batch: not for Neuron (one graph per shape), CUDA graphs, or
 the layouts whose hidden states are sharded along the sequence or the vocabulary (tensor, context and
@@ -28,7 +28,7 @@ from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper, CrossEn
 from torchtitan.tools import utils as titan_utils
 
 from qwen3_titan_common.perf.precision import compute_autocast
-from qwen3_titan_common.perf.projection import ComputeDtypeProjection
+from qwen3_titan_common.perf.projection import ProjectionCrossEntropy
 
 
 class TrainedTokenLoss(ChunkedLossWrapper):
@@ -43,7 +43,7 @@ class TrainedTokenLoss(ChunkedLossWrapper):
     """The autocast dtype of a model trained whole on one CPU rank (``models.fsdp_comms``), for the output
     projection this loss applies outside the model's forward; set by the trainer."""
 
-    _kept_projection: ComputeDtypeProjection | None = None
+    _kept_projection: ProjectionCrossEntropy | None = None
 
     def __call__(
         self,
@@ -52,24 +52,25 @@ class TrainedTokenLoss(ChunkedLossWrapper):
         global_valid_tokens: torch.Tensor | None = None,
         **loss_inputs: Any,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        projection = ComputeDtypeProjection.of(
-            self.lm_head, self.compute_dtype, chunks=self.num_chunks, kept=self._kept_projection
-        )
-        self._kept_projection = projection
-        if projection is None:
-            return self._trained_token_loss(pred, labels, global_valid_tokens, **loss_inputs)
-        # For this call only: the parent's chunk loop calls ``self.lm_head``; the module stays the model's.
-        lm_head, self.lm_head = self.lm_head, projection
-        try:
-            return self._trained_token_loss(pred, labels, global_valid_tokens, **loss_inputs)
-        finally:
-            self.lm_head = lm_head
-
-    def _trained_token_loss(self, pred, labels, global_valid_tokens, **loss_inputs):
         # pred: the model's hidden states (batch, seq, dim); labels (batch, seq).
         trained_BL = labels != IGNORE_INDEX
-        hidden_ND = pred[trained_BL]
-        labels_N = labels[trained_BL]
+        hidden_ND, labels_N = pred[trained_BL], labels[trained_BL]
+        projection = None
+        if type(self.loss_fn) is CrossEntropyLoss:  # which reads no ``loss_inputs`` (packed rows' positions)
+            projection = ProjectionCrossEntropy.of(
+                self.lm_head, self.compute_dtype, kept=self._kept_projection
+            )
+        if projection is None:
+            return self._chunked_loss(hidden_ND, labels_N, global_valid_tokens, **loss_inputs)
+        self._kept_projection = projection
+        # Chunks sized by the batch, not by its trained tokens: the kept buffers fit every step.
+        chunk_rows = max(1, -(-labels.numel() // self.num_chunks))
+        loss, grad_ND = projection(hidden_ND, labels_N, chunk_rows=chunk_rows, divisor=global_valid_tokens)
+        if grad_ND is None:
+            return loss, {}
+        return self._gradient_backprop(hidden_ND, grad_ND.to(hidden_ND.dtype), loss, self.lm_head, False), {}
+
+    def _chunked_loss(self, hidden_ND, labels_N, global_valid_tokens, **loss_inputs):
         # Equal chunks (torchtitan's requirement), padded with ignored rows of zeros; at least one row each.
         padded = max(1, -(-labels_N.numel() // self.num_chunks)) * self.num_chunks
         missing = padded - labels_N.numel()
