@@ -1,4 +1,4 @@
-"""The launcher stays torchrun plus the user's first and last lines (issue 24's budget): its code and the
+"""The launcher stays torchrun plus the user's first and last lines: its code and the
 environment variables it shares with the ranks are counted here, so growth is a decision, not a drift."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 COMMON = Path(__file__).resolve().parents[1] / "packages" / "common" / "src" / "qwen3_titan_common"
 SOURCES = Path(__file__).resolve().parents[1] / "packages"
-# 2000 at issue 24; +15 for --check-layout, whose work is train.layout_check's (the launcher: its flag and runner).
+# --check-layout's flag and runner are in it; its work is train.layout_check's.
 MAX_LAUNCHER_LINES = 2015
 # The device, the backend, tracebacks shown live, and the command as typed (for the model cards).
 PRODUCT_VARIABLES = {

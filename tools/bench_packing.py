@@ -584,6 +584,14 @@ def main() -> int:
         default=None,
         help="steps of each step-time run, the first not timed (default 3)",
     )
+    parser.add_argument(
+        "--ratio-precision",
+        nargs="+",
+        default=["fp32"],
+        choices=list(bench_document_attention.DTYPES),
+        help="precision(s) of the step-time comparison: fp32, as the rest of this benchmark, and/or bf16, as a "
+        "one-CPU-rank run computes on a CPU with bf16 GEMMs",
+    )
     args = parser.parse_args()
     print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     steps, trl_steps, warmup = STEPS[args.quick]
@@ -642,10 +650,14 @@ def main() -> int:
         memory = {kind: attention_memory(kind) for kind in ("causal", "document mask", "block-sparse")}
         print("step time, document vs causal attention (tools/bench_document_attention.py):", flush=True)
         seqs = [2048] if args.quick else [2048, 4096]
-        step_ratio = bench_document_attention.measure(
-            data, tokenizer_dir, seqs, steps=2 if args.quick else 3, layers=8
-        )
-    figures |= {"sides": sides, "attention_memory": memory, "document_vs_causal": step_ratio}
+        ratio_steps = args.ratio_steps or (2 if args.quick else 3)
+        step_ratios = [
+            bench_document_attention.measure(
+                data, tokenizer_dir, seqs, steps=ratio_steps, layers=args.ratio_layers, precision=precision
+            )
+            for precision in args.ratio_precision
+        ]
+    figures |= {"sides": sides, "attention_memory": memory, "document_vs_causal": step_ratios}
 
     print(
         f"\nCPU, {os.cpu_count()} cores ({figures['others_busy']:.0%} busy with other processes just before the "
@@ -710,7 +722,8 @@ def main() -> int:
             f"attention forward+backward at seq {MEMORY_SEQ} (1 x {MEMORY_HEADS} heads x {MEMORY_HEAD_DIM}, fp32), "
             f"{kind} [{what}]: peak RSS over its inputs {m['peak_growth_bytes'] / 2**20:,.0f} MiB, {m['seconds']:.2f} s"
         )
-    print("\n".join(bench_document_attention.report(step_ratio)))
+    for step_ratio in step_ratios:
+        print("\n".join(bench_document_attention.report(step_ratio)))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

@@ -170,3 +170,26 @@ def test_gloo_copies_are_held_while_the_collective_runs():
         dist.destroy_process_group()
     # The two 4 MiB scratch copies of the input were alive during the reduce-scatter.
     assert peak >= 2 * 4 * 1024 * 1024
+
+
+def test_the_cpu_flash_attention_kernel_is_sdpa_under_a_mask_forward_and_backward():
+    # The op SDPA dispatches to on the CPU, called directly: the same output and gradients as the public
+    # function under the same additive mask (grouped-query: 4 query heads over 2 kv heads), in fp64.
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 16, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+    k, v = (
+        torch.randn(3, 2, 24, 8, dtype=torch.float64, generator=generator, requires_grad=True) for _ in "kv"
+    )
+    allowed = torch.rand(3, 1, 16, 24, generator=generator) < 0.7
+    allowed[..., 0] = True  # every query sees a key
+    mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill_(~allowed, -torch.inf)
+    out, lse = compat.cpu_flash_attention(q, k, v, mask_B1LS=mask, scale=0.3)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True
+    )
+    torch.testing.assert_close(out, expected)
+    assert lse.shape == (3, 4, 16)
+    grad_out = torch.randn(out.shape, dtype=torch.float64, generator=generator)
+    grads = compat.cpu_flash_attention_backward(grad_out, q, k, v, out, lse, mask_B1LS=mask, scale=0.3)
+    for ours, theirs in zip(grads, torch.autograd.grad(expected, (q, k, v), grad_out), strict=True):
+        torch.testing.assert_close(ours, theirs)

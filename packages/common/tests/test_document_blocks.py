@@ -4,6 +4,7 @@ not a multiple of the block."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -89,10 +90,13 @@ def _assert_close(actual, expected, bound, dtype, name):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("seq_len", [96, 101])
-def test_values_and_gradients_equal_the_dense_document_mask(seed, seq_len):
+@pytest.mark.parametrize("path", ["CPU fused kernel", "plain ops"])
+def test_values_and_gradients_equal_the_dense_document_mask(seed, seq_len, path):
     positions = _rows(seed, batch=3, seq_len=seq_len)
     blocks = document_blocks(positions, block_size=BLOCK, pairs_per_chunk=7)
-    assert len(blocks.chunks) > 1  # whole query blocks split across chunks
+    assert len(blocks.chunks) > 1 and len(blocks.spans) > 1  # query blocks split across chunks and groups
+    if path == "plain ops":  # what a device without the CPU's fused kernel runs (Neuron)
+        blocks = dataclasses.replace(blocks, spans=())
     q, k, v = _inputs(seed, positions, torch.float64)
     ours = block_sparse_attention(q, k, v, blocks)
     dense = _dense(q, k, v, positions)
@@ -188,16 +192,22 @@ def test_a_row_that_begins_inside_a_document_and_bad_shapes():
         document_blocks(positions[0])
 
 
-def test_under_a_whole_model_ranks_bf16_autocast_the_attention_computes_as_without_it():
-    # A one-CPU-rank job autocasts its forward to bf16 (models.fsdp_comms); the kernel keeps its own precision.
+@pytest.mark.parametrize("path", ["CPU fused kernel", "plain ops"])
+def test_under_a_whole_model_ranks_bf16_autocast_the_attention_computes_as_on_bf16_inputs(path):
+    # A one-CPU-rank job autocasts its forward to bf16 (models.fsdp_comms). The fused kernel then computes in
+    # bf16, as causal SDPA does under autocast (fp32 inputs are cast); the plain-op path keeps its own
+    # precision (fp32 accumulation) whatever autocast says.
     positions = _rows(3, batch=2, seq_len=128)
     blocks = document_blocks(positions, block_size=BLOCK)
-    plain = _inputs(3, positions, torch.bfloat16)
-    cast = _inputs(3, positions, torch.bfloat16)
+    if path == "plain ops":
+        blocks = dataclasses.replace(blocks, spans=())
+    plain = [t.detach().bfloat16().requires_grad_() for t in _inputs(3, positions, torch.float32)]
+    cast = _inputs(3, positions, torch.float32 if path == "CPU fused kernel" else torch.bfloat16)
     expected = block_sparse_attention(*plain, blocks)
     expected.sum().backward()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = block_sparse_attention(*cast, blocks)
     out.sum().backward()
+    assert out.dtype == torch.bfloat16
     assert torch.equal(out, expected)
-    assert all(torch.equal(a.grad, b.grad) for a, b in zip(cast, plain, strict=True))
+    assert all(torch.equal(a.grad, b.grad.float()) for a, b in zip(cast, plain, strict=True))

@@ -78,7 +78,7 @@ def test_a_short_flag_and_its_long_form_together_are_refused(backend):
 
 
 def test_a_short_flag_of_the_wrong_type_is_named(backend, capsys):
-    # One line and exit 2, as every launcher error (issue 14), naming the flag and the value.
+    # One line and exit 2, as every launcher error, naming the flag and the value.
     assert run(backend, ["--nproc", "1", "--lr", "fast"]) == 2
     err = capsys.readouterr().err
     assert "argument --lr: invalid float value: 'fast'" in err

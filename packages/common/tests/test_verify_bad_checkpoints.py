@@ -112,7 +112,7 @@ def test_against_a_broken_directory(refused, model, tmp_path):
 
 
 def test_non_finite_logits_fail(model, capfd):
-    # Finite weights whose logits overflow float32: the comparison used to print "nan ... OK".
+    # Finite weights whose logits overflow float32: a NaN difference must not compare as "OK".
     _retensor(model, lambda t: t.update({"model.norm.weight": torch.full((64,), 3e38)}))
     assert main([str(model)]) == 1
     out = capfd.readouterr().out.splitlines()

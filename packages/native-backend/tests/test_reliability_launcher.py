@@ -154,7 +154,7 @@ def test_seq_len_not_divisible_by_tensor_parallel(fails):
 
 
 def test_dry_run_runs_the_same_checks(fails):
-    # The issue's case: this dry run used to say "ok" for a run that then died.
+    # A dry run must refuse what the run would die of, not say "ok".
     fails(
         ["--dry-run", "--nproc", "2", "--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "255"],
         "--training.seq_len 255", "multiple of 2",
@@ -834,7 +834,7 @@ def test_interrupted_before_any_rank(tmp_path):
     assert changes(before, snapshot(tmp_path)) == []
 
 
-# -- values no one means, the same rule everywhere (issue 40) ----------------------------------
+# -- values no one means, the same rule everywhere ----------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,10 @@ The seams:
   collectives hold while they run: it names c10d's private ops and needs torch's private dispatch-mode class.
   :func:`materialise_meta_tensors` replaces a module's meta tensors in its ``_parameters`` and ``_buffers``:
   ``to_empty`` swaps tensors, which torch refuses for a parameter something holds a weak reference to.
+- :func:`cpu_flash_attention`, :func:`cpu_flash_attention_backward`: torch's fused CPU attention kernel
+  (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), called directly so that the
+  block-sparse document attention (``models.document_blocks``) saves only its own inputs and recomputes the
+  gathered keys in the backward; SDPA's public function would save each gathered copy.
 """
 
 from __future__ import annotations
@@ -422,3 +426,25 @@ def _by_kind(snapshot) -> dict[str, int]:
             if name != "Total":
                 out[name] = out.get(name, 0) + nbytes
     return out
+
+
+# -- the CPU's fused attention kernel ----------------------------------------------------------------
+
+
+def cpu_flash_attention(q_BHLD, k_BHSD, v_BHSD, *, mask_B1LS, scale: float):
+    """torch's CPU flash attention under an additive mask: (output, log-sum-exp in fp32). Grouped-query when
+    ``k`` and ``v`` have fewer heads than ``q``."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q_BHLD, k_BHSD, v_BHSD, 0.0, False, attn_mask=mask_B1LS, scale=scale
+    )
+
+
+def cpu_flash_attention_backward(grad_BHLD, q_BHLD, k_BHSD, v_BHSD, out_BHLD, lse_BHL, *, mask_B1LS, scale):
+    """The gradients of :func:`cpu_flash_attention` for ``q``, ``k`` and ``v``."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_BHLD, q_BHLD, k_BHSD, v_BHSD, out_BHLD, lse_BHL, 0.0, False, attn_mask=mask_B1LS, scale=scale
+    )

@@ -8,11 +8,19 @@ matrix is masked whole and is never computed. Inside the blocks that are compute
 counts when both tokens are of one document and the key is not later than the query (the partial blocks on
 each document's diagonal and at its edges).
 
-Computed as flash attention is: the forward keeps each query's output and log-sum-exp, the backward recomputes
-the scores of each block pair. Block pairs go in chunks of whole query blocks (so each query's softmax is
-complete inside one chunk) of at most ``pairs_per_chunk`` pairs, which bounds the transient score buffer
-whatever the documents' lengths. The scores and the softmax are in fp32 at least (bf16 inputs are upcast,
-as SDPA's kernels accumulate).
+On the CPU the query blocks are grouped by how many key blocks they need, and each group is one call of
+torch's fused CPU attention kernel (the one causal SDPA runs): a group's query blocks against their gathered
+key spans under an additive mask of the span's disallowed pairs. The kernel accumulates in fp32 whatever its
+inputs, so bf16 inputs (a CPU rank under bf16 autocast, where causal SDPA computes in bf16 too) keep bf16's
+GEMM speed. The forward keeps each query's output and log-sum-exp, the backward gathers the key spans again
+(only the layer's own inputs are saved, as SDPA saves them).
+
+Elsewhere (Neuron, or ``fixed_shapes`` anywhere) the block pairs are computed as flash attention is, in plain
+tensor ops: the forward keeps each query's output and log-sum-exp, the backward recomputes the scores of each
+block pair. Block pairs go in chunks of whole query blocks (so each query's softmax is complete inside one
+chunk) of at most ``pairs_per_chunk`` pairs, which bounds the transient score buffer whatever the documents'
+lengths. The scores and the softmax are in fp32 at least (bf16 inputs are upcast, as SDPA's kernels
+accumulate).
 
 With ``fixed_shapes`` (Neuron, which compiles one graph per input shape) every chunk is padded to
 ``pairs_per_chunk`` pairs with pairs that are masked whole, and the number of chunks to a power of two: a
@@ -29,6 +37,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from qwen3_titan_common.compat import cpu_flash_attention, cpu_flash_attention_backward
 
 DEFAULT_BLOCK_SIZE = 64
 # Score buffer of one chunk: pairs x heads x block^2 x 4 bytes, 8 MiB for 32 pairs of 64 x 64 at 16 heads.
@@ -50,6 +60,23 @@ class BlockChunk:
 
 
 @dataclass(frozen=True)
+class SpanGroup:
+    """Query blocks whose keys span the same number of blocks: one call of the CPU's fused kernel."""
+
+    query_G: torch.Tensor
+    """(queries,) flat query-block index (batch x blocks)."""
+    key_GS: torch.Tensor
+    """(queries, span) flat token index (batch x padded seq) of each query block's contiguous keys."""
+    allowed_GbS: torch.Tensor
+    """(queries, block, span) booleans: the query may attend the key (same document, not later)."""
+
+    def mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(queries, 1, block, span) additive mask: 0 where allowed, -inf elsewhere."""
+        zeros = torch.zeros(self.allowed_GbS.shape, dtype=dtype, device=self.allowed_GbS.device)
+        return zeros.masked_fill_(~self.allowed_GbS, -math.inf)[:, None]
+
+
+@dataclass(frozen=True)
 class DocumentBlocks:
     """The block pairs of one batch, built once per forward from its positions and shared by every layer."""
 
@@ -57,6 +84,8 @@ class DocumentBlocks:
     seq_len: int
     block_size: int
     chunks: tuple[BlockChunk, ...]
+    spans: tuple[SpanGroup, ...] = ()
+    """The same pairs grouped for the CPU's fused kernel; empty with fixed shapes."""
 
     @property
     def blocks_per_row(self) -> int:
@@ -145,7 +174,30 @@ def document_blocks(
             torch.zeros(pairs_per_chunk, block_size, block_size, dtype=torch.bool, device=device),
         )
         chunks.extend([empty] * (2 ** math.ceil(math.log2(len(chunks))) - len(chunks)))
-    return DocumentBlocks(batch=batch, seq_len=seq_len, block_size=block_size, chunks=tuple(chunks))
+    spans = () if fixed_shapes else _span_groups(doc_BL.flatten(), low_Q, count_Q, block_size)
+    return DocumentBlocks(
+        batch=batch, seq_len=seq_len, block_size=block_size, chunks=tuple(chunks), spans=spans
+    )
+
+
+def _span_groups(
+    doc_T: torch.Tensor, low_Q: torch.Tensor, count_Q: torch.Tensor, block_size: int
+) -> tuple[SpanGroup, ...]:
+    """The query blocks grouped by their number of key blocks; each one's keys run from its first token's
+    document's first block to its own, in its own row."""
+    offset_b = torch.arange(block_size, device=doc_T.device)
+    groups = []
+    for count in torch.unique(count_Q).tolist():
+        query_G = (count_Q == count).nonzero().flatten()
+        key_GS = (low_Q[query_G] * block_size)[:, None] + torch.arange(
+            count * block_size, device=doc_T.device
+        )
+        query_Gb = query_G[:, None] * block_size + offset_b
+        allowed_GbS = (doc_T[query_Gb][:, :, None] == doc_T[key_GS][:, None, :]) & (
+            query_Gb[:, :, None] >= key_GS[:, None, :]
+        )
+        groups.append(SpanGroup(query_G, key_GS, allowed_GbS))
+    return tuple(groups)
 
 
 def _to_blocks(x_BLHD: torch.Tensor, blocks: DocumentBlocks, dtype: torch.dtype) -> torch.Tensor:
@@ -243,6 +295,82 @@ class _BlockSparseAttention(torch.autograd.Function):
         )
 
 
+def _padded(x_BLHD: torch.Tensor, blocks: DocumentBlocks) -> torch.Tensor:
+    """``(batch, seq, heads, dim)`` -> ``(batch x padded seq, heads, dim)``, rows padded to whole blocks."""
+    batch, seq_len, heads, dim = x_BLHD.shape
+    pad = blocks.blocks_per_row * blocks.block_size - seq_len
+    return torch.nn.functional.pad(x_BLHD, (0, 0, 0, 0, 0, pad)).view(-1, heads, dim)
+
+
+class _SpanAttention(torch.autograd.Function):
+    """The CPU's path: each :class:`SpanGroup` through torch's fused CPU attention kernel."""
+
+    @staticmethod
+    def forward(ctx, q_BLHD, k_BLHD, v_BLHD, blocks: DocumentBlocks, scale: float):
+        batch, seq_len, heads, dim = q_BLHD.shape
+        b = blocks.block_size
+        q_QbHD = _padded(q_BLHD, blocks).view(-1, b, heads, dim)
+        k_THD, v_THD = _padded(k_BLHD, blocks), _padded(v_BLHD, blocks)
+        out_QHbD = q_BLHD.new_empty(q_QbHD.shape[0], heads, b, dim)
+        lse_QHb = q_BLHD.new_empty(
+            q_QbHD.shape[0], heads, b, dtype=torch.promote_types(q_BLHD.dtype, torch.float32)
+        )
+        for group in blocks.spans:
+            out_G, lse_G = cpu_flash_attention(
+                *_span_inputs(group, q_QbHD, k_THD, v_THD), mask_B1LS=group.mask(q_BLHD.dtype), scale=scale
+            )
+            out_QHbD.index_copy_(0, group.query_G, out_G)
+            lse_QHb.index_copy_(0, group.query_G, lse_G)
+        ctx.save_for_backward(q_BLHD, k_BLHD, v_BLHD, out_QHbD, lse_QHb)
+        ctx.blocks, ctx.scale = blocks, scale
+        return out_QHbD.permute(0, 2, 1, 3).reshape(batch, -1, heads, dim)[:, :seq_len]
+
+    @staticmethod
+    def backward(ctx, grad_BLHD):
+        q_BLHD, k_BLHD, v_BLHD, out_QHbD, lse_QHb = ctx.saved_tensors
+        blocks, scale = ctx.blocks, ctx.scale
+        batch, seq_len, heads, dim = q_BLHD.shape
+        b = blocks.block_size
+        q_QbHD = _padded(q_BLHD, blocks).view(-1, b, heads, dim)
+        grad_QbHD = _padded(grad_BLHD.to(q_BLHD.dtype), blocks).view(-1, b, heads, dim)
+        k_THD, v_THD = _padded(k_BLHD, blocks), _padded(v_BLHD, blocks)
+        grad_q_QHbD = torch.empty_like(out_QHbD)
+        grad_k_THD, grad_v_THD = torch.zeros_like(k_THD), torch.zeros_like(v_THD)
+        for group in blocks.spans:
+            q_G, k_G, v_G = _span_inputs(group, q_QbHD, k_THD, v_THD)
+            grad_q, grad_k, grad_v = cpu_flash_attention_backward(
+                grad_QbHD.index_select(0, group.query_G).transpose(1, 2),
+                q_G,
+                k_G,
+                v_G,
+                out_QHbD.index_select(0, group.query_G),
+                lse_QHb.index_select(0, group.query_G),
+                mask_B1LS=group.mask(q_BLHD.dtype),
+                scale=scale,
+            )
+            grad_q_QHbD.index_copy_(0, group.query_G, grad_q)
+            keys = group.key_GS.flatten()
+            grad_k_THD.index_add_(0, keys, grad_k.transpose(1, 2).reshape(-1, *k_THD.shape[1:]))
+            grad_v_THD.index_add_(0, keys, grad_v.transpose(1, 2).reshape(-1, *v_THD.shape[1:]))
+
+        def unpadded(x_THD):
+            return x_THD.view(batch, -1, *x_THD.shape[1:])[:, :seq_len]
+
+        grad_q_BLHD = grad_q_QHbD.permute(0, 2, 1, 3).reshape(batch, -1, heads, dim)[:, :seq_len]
+        return grad_q_BLHD, unpadded(grad_k_THD), unpadded(grad_v_THD), None, None
+
+
+def _span_inputs(group: SpanGroup, q_QbHD, k_THD, v_THD):
+    """A group's queries ``(G, heads, block, dim)``, its gathered keys and values ``(G, kv heads, span, dim)``."""
+    span = group.key_GS.shape[1]
+    keys = group.key_GS.flatten()
+
+    def gathered(x_THD):
+        return x_THD.index_select(0, keys).view(-1, span, *x_THD.shape[1:]).transpose(1, 2)
+
+    return q_QbHD.index_select(0, group.query_G).transpose(1, 2), gathered(k_THD), gathered(v_THD)
+
+
 def _chunk_scores(q_P: torch.Tensor, k_P: torch.Tensor, chunk: BlockChunk, group: int) -> torch.Tensor:
     """``(pairs, kv heads, group x block, block)`` scores of the (scaled) queries, -inf where the pair may not
     attend."""
@@ -274,10 +402,20 @@ def block_sparse_attention(
     if heads % k_BLHD.shape[2]:
         raise ValueError(f"{heads} query heads do not group over {k_BLHD.shape[2]} kv heads")
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    if q_BLHD.device.type == "cpu" and blocks.spans:
+        # One dtype for the fused kernel: autocast's where the rank computes under it (a whole-model CPU rank,
+        # models.fsdp_comms), as causal SDPA would; else the inputs' common one.
+        autocast = torch.is_autocast_enabled("cpu")
+        dtype = (
+            torch.get_autocast_dtype("cpu")
+            if autocast
+            else torch.promote_types(torch.promote_types(q_BLHD.dtype, k_BLHD.dtype), v_BLHD.dtype)
+        )
+        with torch.autocast("cpu", enabled=False):
+            return _SpanAttention.apply(q_BLHD.to(dtype), k_BLHD.to(dtype), v_BLHD.to(dtype), blocks, scale)
     if q_BLHD.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-        # A whole-model CPU rank computes under bf16 autocast (models.fsdp_comms); this kernel chooses its
-        # own precision (fp32 for bf16 inputs) and accumulates in buffers of it, which autocast's bf16
-        # products would not match.
+        # The plain-op path chooses its own precision (fp32 for bf16 inputs) and accumulates in buffers of it,
+        # which autocast's bf16 products would not match.
         with torch.autocast("cpu", enabled=False):
             return _BlockSparseAttention.apply(q_BLHD, k_BLHD, v_BLHD, blocks, scale)
     return _BlockSparseAttention.apply(q_BLHD, k_BLHD, v_BLHD, blocks, scale)

@@ -132,14 +132,14 @@ def track_step(
 
     ``build`` constructs the sharded model, called under fake tensors (parameters it puts on the meta device
     are materialised as fake tensors on ``device``); ``build_optimizer`` its optimizer. Attention is costed as
-    causal: per-document attention's extra buffers (the block-sparse attention's scores of one chunk of block
-    pairs) live inside one layer's call, as the fused causal kernel's do. ``loss_chunks``: the run's loss
-    applies the output projection in that many chunks (``train.loss``), so one chunk's logits are alive at a
-    time (fused with the cross-entropy by ``perf.projection`` for a model trained whole in bf16, as that loss
-    does, its buffers kept for the step); None: the whole batch's logits, as torchtitan's plain
-    cross-entropy. ``gloo``: the job's collectives run on gloo (a CPU job of several ranks), whose all-gather and reduce-scatter hold
-    two copies of their buffer while they run (measured, ``docs/performance.md``), outside any tensor the
-    tracker sees: they are added for each call.
+    causal: per-document attention saves what causal SDPA saves, and its extra buffers (a group's gathered
+    keys on the CPU, a chunk's scores elsewhere) live inside one layer's call, as the fused causal kernel's
+    do. ``loss_chunks``: the run's loss applies the output projection in that many chunks (``train.loss``), so
+    one chunk's logits are alive at a time (fused with the cross-entropy by ``perf.projection`` for a model
+    trained whole in bf16, as that loss does, its buffers kept for the step); None: the whole batch's logits,
+    as torchtitan's plain cross-entropy. ``gloo``: the job's collectives run on gloo (a CPU job of several
+    ranks), whose all-gather and reduce-scatter hold two copies of their buffer while they run (measured,
+    ``docs/performance.md``), outside any tensor the tracker sees: they are added for each call.
     """
     import torch
     from torch.distributed.fsdp import FSDPModule
