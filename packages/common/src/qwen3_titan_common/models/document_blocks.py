@@ -200,13 +200,19 @@ def _span_groups(
     return tuple(groups)
 
 
+def _padded(x_BLHD: torch.Tensor, blocks: DocumentBlocks) -> torch.Tensor:
+    """``(batch, seq, heads, dim)`` -> ``(batch x padded seq, heads, dim)``, rows padded to whole blocks."""
+    batch, seq_len, heads, dim = x_BLHD.shape
+    pad = blocks.blocks_per_row * blocks.block_size - seq_len
+    return torch.nn.functional.pad(x_BLHD, (0, 0, 0, 0, 0, pad)).view(-1, heads, dim)
+
+
 def _to_blocks(x_BLHD: torch.Tensor, blocks: DocumentBlocks, dtype: torch.dtype) -> torch.Tensor:
     """``(batch, seq, heads, dim)`` -> ``(batch x blocks, heads, block, dim)`` in ``dtype``, each row padded to
     whole blocks."""
-    batch, seq_len, heads, dim = x_BLHD.shape
-    b, n = blocks.block_size, blocks.blocks_per_row
-    x = torch.nn.functional.pad(x_BLHD.to(dtype), (0, 0, 0, 0, 0, n * b - seq_len))
-    return x.view(batch * n, b, heads, dim).permute(0, 2, 1, 3).contiguous()
+    heads, dim = x_BLHD.shape[2:]
+    x = _padded(x_BLHD.to(dtype), blocks).view(-1, blocks.block_size, heads, dim)
+    return x.permute(0, 2, 1, 3).contiguous()
 
 
 def _grouped(x_QHbD: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -293,13 +299,6 @@ class _BlockSparseAttention(torch.autograd.Function):
             None,
             None,
         )
-
-
-def _padded(x_BLHD: torch.Tensor, blocks: DocumentBlocks) -> torch.Tensor:
-    """``(batch, seq, heads, dim)`` -> ``(batch x padded seq, heads, dim)``, rows padded to whole blocks."""
-    batch, seq_len, heads, dim = x_BLHD.shape
-    pad = blocks.blocks_per_row * blocks.block_size - seq_len
-    return torch.nn.functional.pad(x_BLHD, (0, 0, 0, 0, 0, pad)).view(-1, heads, dim)
 
 
 class _SpanAttention(torch.autograd.Function):
@@ -405,10 +404,9 @@ def block_sparse_attention(
     if q_BLHD.device.type == "cpu" and blocks.spans:
         # One dtype for the fused kernel: autocast's where the rank computes under it (a whole-model CPU rank,
         # models.fsdp_comms), as causal SDPA would; else the inputs' common one.
-        autocast = torch.is_autocast_enabled("cpu")
         dtype = (
             torch.get_autocast_dtype("cpu")
-            if autocast
+            if torch.is_autocast_enabled("cpu")
             else torch.promote_types(torch.promote_types(q_BLHD.dtype, k_BLHD.dtype), v_BLHD.dtype)
         )
         with torch.autocast("cpu", enabled=False):
