@@ -103,6 +103,8 @@ def step_worker(
     """Prints the step times of ``steps`` training steps (one row each) as JSON."""
     import torch
     from qwen3_titan_common.compat import apply_lm_head_in_loss
+    from qwen3_titan_common.models.fsdp_comms import trained_whole
+    from qwen3_titan_common.perf.precision import model_compute_dtype
     from qwen3_titan_common.train.loss import TrainedTokenLoss
     from torchtitan.components.loss import CrossEntropyLoss
 
@@ -112,10 +114,8 @@ def step_worker(
     loss_fn = TrainedTokenLoss.Config(loss_fn=CrossEntropyLoss.Config()).build()
     loss_fn.set_lm_head(model.lm_head)
     apply_lm_head_in_loss(model)
-    if precision == "bf16":  # as models.fsdp_comms and the trainer set a whole-model CPU rank
-        model.compute_dtype = loss_fn.compute_dtype = torch.bfloat16
-        if getattr(model, "enable_weight_tying", False):
-            model.tok_embeddings.sparse = True
+    if precision == "bf16":  # as the trainer sets up a whole-model CPU rank computing in bf16
+        loss_fn.compute_dtype = model_compute_dtype(trained_whole(model, bf16=True))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     seconds = []
     for i in range(steps):

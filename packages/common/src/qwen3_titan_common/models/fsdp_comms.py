@@ -55,30 +55,32 @@ def trains_whole(parallel_dims, model: nn.Module | None = None) -> bool:
     return model is None or not any(name.endswith("experts") for name, _ in model.named_modules())
 
 
+def trained_whole(model: nn.Module, *, bf16: bool) -> nn.Module:
+    """``model`` set up to train whole on one CPU rank: its ``compute_dtype`` the bf16 its forward autocasts to
+    when the run computes in bf16, a tied embedding's gradient as rows."""
+    model.compute_dtype = torch.bfloat16 if bf16 else None
+    if getattr(model, "enable_weight_tying", False):
+        # The lookup's gradient as rows: the tied projection's dense gradient of the same weight reaches
+        # autograd before it (the chunked loss runs the projection's backward first) or in the same
+        # sum, so the rows are added into that in place, not into a zeroed vocabulary-sized buffer each
+        # step. An untied embedding keeps its dense gradient (the optimizer takes dense ones only).
+        model.tok_embeddings.sparse = True
+    # Under autocast the norms get bf16 activations and fp32 weights, which torch's fused rms_norm does
+    # not take: it computes them unfused (in fp32, as transformers' own RMSNorm does) and says so once.
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight", category=UserWarning)
+    return model
+
+
 def parallelized_for_the_job(parallelize_fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """A model spec's ``parallelize_fn`` that leaves a dense one-CPU-rank model whole (its ``compute_dtype``
-    the bf16 its forward autocasts to, when the run computes in bf16; a tied embedding's gradient as rows), and
-    otherwise has its FSDP2 groups reduce with ``SUM`` over gloo. ``parallelize_fn`` takes torchtitan's
+    """A model spec's ``parallelize_fn`` that leaves a dense one-CPU-rank model whole (:func:`trained_whole`),
+    and otherwise has its FSDP2 groups reduce with ``SUM`` over gloo. ``parallelize_fn`` takes torchtitan's
     ``skip_dp``."""
 
     @wraps(parallelize_fn)
     def parallelize(model: nn.Module, **kwargs) -> nn.Module:
         if trains_whole(kwargs["parallel_dims"], model) and not kwargs.get("skip_dp"):
             model = parallelize_fn(model, **{**kwargs, "skip_dp": True})
-            bf16 = kwargs["training"].mixed_precision_param == "bfloat16"
-            model.compute_dtype = torch.bfloat16 if bf16 else None
-            if getattr(model, "enable_weight_tying", False):
-                # The lookup's gradient as rows: the tied projection's dense gradient of the same weight reaches
-                # autograd before it (the chunked loss runs the projection's backward first) or in the same
-                # sum, so the rows are added into that in place, not into a zeroed vocabulary-sized buffer each
-                # step. An untied embedding keeps its dense gradient (the optimizer takes dense ones only).
-                model.tok_embeddings.sparse = True
-            # Under autocast the norms get bf16 activations and fp32 weights, which torch's fused rms_norm does
-            # not take: it computes them unfused (in fp32, as transformers' own RMSNorm does) and says so once.
-            warnings.filterwarnings(
-                "ignore", message="Mismatch dtype between input and weight", category=UserWarning
-            )
-            return model
+            return trained_whole(model, bf16=kwargs["training"].mixed_precision_param == "bfloat16")
         model = parallelize_fn(model, **kwargs)
         use_sum_reduction_on_gloo(model)
         return model
