@@ -4,7 +4,7 @@ Each backend starts from one checkpoint written by transformers' ``save_pretrain
 default's architecture; nki-moe's ``debug_moe`` for the MoE backend), so the CPU and the GPU run begin
 from the same weights whatever their random generators do, and trains a few steps in fp32 on the
 embedded corpus with the same seed and flags on both devices. The launcher runs as ``python -m
-qwen3_titan_common.cli.launch --module <backend>`` (the form that needs no installed console script, as on
+qwen3_titan_common.launcher.launch --module <backend>`` (the form that needs no installed console script, as on
 a machine where the packages are only on ``PYTHONPATH``). Skipped where no CUDA device is present; ``python3 -m tools.gpu_bench.device_check``
 runs them on the lent GPU.
 """
@@ -43,7 +43,7 @@ def _start(module: str, *args: str, cwd: Path, device: str | None) -> subprocess
     env = {k: v for k, v in os.environ.items() if k != "QWEN3_TITAN_DEVICE"}
     if device is not None:
         env["QWEN3_TITAN_DEVICE"] = device
-    command = [sys.executable, "-m", "qwen3_titan_common.cli.launch", "--module", module, *args]
+    command = [sys.executable, "-m", "qwen3_titan_common.launcher.launch", "--module", module, *args]
     return subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

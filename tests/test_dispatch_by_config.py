@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends
+from qwen3_titan_common.launcher.dispatch import choose_backend, installed_backends
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 

@@ -109,7 +109,7 @@ def test_my_rope_hf_matches_the_backends_reference(examples_on_path):
 def test_training_with_the_recipes_override_form(tmp_path):
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "PYTHONPATH": str(EXAMPLES)}
     command = [
-        sys.executable, "-m", "qwen3_titan_common.cli.launch", "--module", "qwen3_titan_nki_moe", "--override.imports", "my_neuron_kernels",
+        sys.executable, "-m", "qwen3_titan_common.launcher.launch", "--module", "qwen3_titan_nki_moe", "--override.imports", "my_neuron_kernels",
         "--training.steps", "8", "--dump_folder", str(tmp_path / "out"), "--checkpoint.no-enable", "--hf.no-export",
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

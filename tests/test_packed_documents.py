@@ -9,7 +9,7 @@ import pytest
 import torch
 from qwen3_titan_common.arch.architecture import architecture_from_config
 from qwen3_titan_common.assets import default_tokenizer_dir
-from qwen3_titan_common.commands.eval import eval_model_builder
+from qwen3_titan_common.scripts.eval import eval_model_builder
 from qwen3_titan_testing.checkpoints import tiny_qwen3_config
 from qwen3_titan_testing.packed import (
     chat_records,

@@ -21,8 +21,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.components.model_record import RECORD_NAME
 from qwen3_titan_common.perf.train_log import parse_step_lines
-from qwen3_titan_common.train.model_record import RECORD_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 UV = shutil.which("uv")
@@ -113,14 +113,15 @@ def test_readme_commands_in_order_on_a_fresh_copy(tmp_path):
         "[train] done", "[train] checkpoint", "[train] export", "[train] resume", "[train] verify", "[train] load",
     ]  # fmt: skip
     assert "steps 1-30 of 30" in summary[0] and summary[2].endswith("outputs/native-debug/hf/step-30")
-    assert (clone / "outputs/native-debug/hf/step-30/README.md").is_file()
+    card = (clone / "outputs/native-debug/hf/step-30/README.md").read_text()
+    assert "torchtitan `--module qwen3_titan_native --config debug`" in card  # from the config, not argv
     for line in summary[4:]:  # verify and load, exactly as printed
         _run(shlex.split(line.split(":", 1)[1]), clone)
 
     for words in commands[1:]:
         _run(words, clone)
     # The --hf-model run had a folder of its own: the default run's checkpoints are untouched.
-    # (beside them, the record of the model they hold: train.model_record)
+    # (beside them, the record of the model they hold: components.model_record)
     kept = sorted(p.name for p in (clone / "outputs/native-debug/checkpoint").iterdir())
     assert kept == sorted([RECORD_NAME, "step-30"])
     assert (clone / "outputs/native-debug-from-native-debug-step-30/hf/step-10/README.md").is_file()

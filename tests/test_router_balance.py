@@ -13,10 +13,10 @@ the experts), then a sum over the experts, all of positive terms: the derived bo
 
 import pytest
 import torch
-from qwen3_titan_common.commands.eval import eval_model_builder
+from qwen3_titan_common.components.router_balance import counted_tokens
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.models.routing import router_balance_loss, take_routing
-from qwen3_titan_common.train.router_balance import counted_tokens
+from qwen3_titan_common.scripts.eval import eval_model_builder
 from qwen3_titan_common.train.tolerance import assert_close_reduction, qwen3_forward_lengths, reduction_atol
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX
@@ -169,16 +169,16 @@ def _two_rank_worker(rank: int, port: int, path: str, scope: str, out: str) -> N
 
 def _balance_step(path, scope: str, rows: slice, group=None):
     """One training forward and backward of the loss with the balance term on ``rows`` of a 4-row batch."""
-    from qwen3_titan_common.hf.eval_models import native_qwen3
-    from qwen3_titan_common.train.router_balance import LMLossWithRouterBalance
+    from qwen3_titan_common.components.router_balance import LMLossWithRouterBalance
+    from qwen3_titan_common.hf.eval_models import eval_model, native_qwen3
 
     generator = torch.Generator().manual_seed(11)
     tokens = torch.randint(1, 4096, (4, SEQ), generator=generator)
     labels = torch.roll(tokens, -1, dims=1)
     positions = torch.arange(SEQ).repeat(4, 1)
     weights = open_model_dir(path)
-    model = native_qwen3(
-        weights.architecture, weights, dtype=torch.float32, seq_len=SEQ, routing_recorded=True
+    model = eval_model(
+        native_qwen3, weights.architecture, weights, dtype=torch.float32, seq_len=SEQ, routing_recorded=True
     )
     model.train()
     gates = [f"layers.{layer}.moe.router.gate" for layer in range(weights.architecture.num_hidden_layers)]

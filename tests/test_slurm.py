@@ -131,8 +131,8 @@ EXAMPLE_ARGV = [
 def test_the_trn2_example_is_what_print_sbatch_writes():
     import shlex
 
-    from qwen3_titan_common.cli.plan import Backend, plan_launch
-    from qwen3_titan_common.cli.sbatch import SbatchJob, render_sbatch
+    from qwen3_titan_common.launcher.plan import Backend, plan_launch
+    from qwen3_titan_common.launcher.sbatch import SbatchJob, render_sbatch
 
     _, plan = plan_launch(Backend("native-backend", "qwen3_titan_native"), EXAMPLE_ARGV)
     job = SbatchJob(

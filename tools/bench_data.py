@@ -90,7 +90,7 @@ def model_rate(steps: int) -> float:
 
     with tempfile.TemporaryDirectory() as tmp:
         command = [
-            sys.executable, "-m", "qwen3_titan_common.cli.launch", "--module", "qwen3_titan_native", "--config", "debug",
+            sys.executable, "-m", "qwen3_titan_common.launcher.launch", "--module", "qwen3_titan_native", "--config", "debug",
             "--training.steps", str(steps), "--checkpoint.no-enable", "--dump_folder", tmp,
         ]  # fmt: skip
         env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}

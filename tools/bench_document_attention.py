@@ -13,7 +13,7 @@ computes as a one-CPU-rank run does on a CPU with bf16 GEMMs (fp32 weights under
 projection and cross-entropy). Each (precision, backend, seq, attention) runs in a fresh process, one after
 another: the backend's model as it trains (native: torchtitan's Qwen3 with our ``DocumentBlockAttention``;
 hf-v5: transformers' Qwen3 with our registered block-sparse attention), the loss a CPU run uses
-(``train.loss.TrainedTokenLoss``), AdamW; a step is forward, backward and the optimizer step, the first one
+(``components.loss.TrainedTokenLoss``), AdamW; a step is forward, backward and the optimizer step, the first one
 not timed. "document" passes the rows' positions, so each token attends only to earlier tokens of its own
 chat, in the blocks that hold such pairs; "causal" passes none: plain causal SDPA over the whole row (what a
 run without document masking computes). Same rows, same weights, same loss on both sides.
@@ -103,9 +103,9 @@ def step_worker(
     """Prints the step times of ``steps`` training steps (one row each) as JSON."""
     import torch
     from qwen3_titan_common.compat import apply_lm_head_in_loss
+    from qwen3_titan_common.components.loss import TrainedTokenLoss
     from qwen3_titan_common.models.fsdp_comms import trained_whole
     from qwen3_titan_common.perf.precision import model_compute_dtype
-    from qwen3_titan_common.train.loss import TrainedTokenLoss
     from torchtitan.components.loss import CrossEntropyLoss
 
     inputs, labels, positions = packed_rows(Path(data), Path(tokenizer_dir), seq, steps)

@@ -12,7 +12,7 @@ lost (run again).
 --shared-store exports TORCH_DISABLE_SHARE_RDZV_TCP_STORE=0, which the launcher respects: torchrun then
 reuses one TCPStore across restarts (torch 2.14's default), and restarted workers can read their dead
 predecessors' keys: the "Gloo connectFullMesh failed ... Connection refused" (or a hang) this loop was
-written to show fixed (qwen3_titan_common/cli/elastic.py). Absolute times depend on the machine's load.
+written to show fixed (qwen3_titan_common/launcher/elastic.py). Absolute times depend on the machine's load.
 """
 
 from __future__ import annotations

@@ -95,14 +95,16 @@ def eval_tokens_per_second(dtype_name: str) -> float:
 def eval_tokens_per_second_here(dtype_name: str) -> float:
     import torch
     from qwen3_titan_common.assets import default_architecture, default_tokenizer_dir
-    from qwen3_titan_common.commands.eval import DTYPES, evaluate
     from qwen3_titan_common.data.validation import ValidationDataLoader
-    from qwen3_titan_common.hf.eval_models import native_qwen3
+    from qwen3_titan_common.hf.eval_models import eval_model, native_qwen3
+    from qwen3_titan_common.scripts.eval import DTYPES, evaluate
     from torchtitan.components.tokenizer import HuggingFaceTokenizer
 
     tokenizer = HuggingFaceTokenizer(tokenizer_path=str(default_tokenizer_dir()))
     data = ValidationDataLoader.Config(dataset="default", split="train", records="held_out")
-    model = native_qwen3(default_architecture(), None, dtype=DTYPES[dtype_name], seq_len=256, seed=0)
+    model = eval_model(
+        native_qwen3, default_architecture(), None, dtype=DTYPES[dtype_name], seq_len=256, seed=0
+    )
 
     def loader():
         return data.build(dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=256, local_batch_size=8)

@@ -199,7 +199,7 @@ def ours_command(
     model_dir: Path, data: Path, out: Path, steps: int, packing: bool, backend: str = "native"
 ) -> list[str]:
     return [
-        sys.executable, "-m", "qwen3_titan_common.cli.launch", "--module", BACKENDS[backend], "--hf-model", str(model_dir),
+        sys.executable, "-m", "qwen3_titan_common.launcher.launch", "--module", BACKENDS[backend], "--hf-model", str(model_dir),
         "--dataloader.dataset", str(data), "--dataloader.held_out", "0",
         "--training.seq_len", str(SEQ_LEN), "--training.local_batch_size", str(ROWS_PER_STEP),
         "--training.steps", str(steps), "--lr", str(LR), "--warmup", "0",

@@ -42,6 +42,9 @@ def test_the_subclass_hooks_are_the_upstream_classes_own_and_called_by_their_pub
     assert "self._save(curr_step, last_step)" in inspect.getsource(CheckpointManager.save)
     assert "self._load(step)" in inspect.getsource(CheckpointManager.load)
     assert "self._should_save(curr_step, last_step)" in inspect.getsource(CheckpointManager._save)
+    from torchtitan.protocols.module import Module
+
+    assert "self._init_self_buffers(buffer_device=buffer_device)" in inspect.getsource(Module.init_states)
 
 
 def test_cpu_device_replaces_what_torchtitan_reads_at_import(caplog):

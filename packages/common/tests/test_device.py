@@ -21,6 +21,18 @@ def test_forced_cpu_reports_one_gloo_rank(monkeypatch):
     assert "QWEN3_TITAN_DEVICE=cpu" in info.describe()
 
 
+def test_the_device_is_detected_once_per_process_and_setting(monkeypatch):
+    monkeypatch.delenv("QWEN3_TITAN_DEVICE", raising=False)
+    first = detect_device()
+    calls = []
+    monkeypatch.setattr(device, "neuron_available", lambda: calls.append(1) or False)
+    monkeypatch.setattr(device, "_cannot_have_an_accelerator", lambda: calls.append(1) or None)
+    assert detect_device() is first and not calls  # answered from the first detection
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    forced = detect_device()
+    assert forced.reason == "QWEN3_TITAN_DEVICE=cpu" and detect_device() is forced
+
+
 def test_unknown_forced_device_names_the_variable(monkeypatch):
     monkeypatch.setenv("QWEN3_TITAN_DEVICE", "tpu")
     with pytest.raises(ValueError, match="QWEN3_TITAN_DEVICE='tpu': expected one of neuron, cuda, cpu"):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.cli.elastic import restart_env_updates
+from qwen3_titan_common.launcher.elastic import restart_env_updates
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 WORKER = """

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-from qwen3_titan_common.commands.eval import main
 from qwen3_titan_common.data.validation import ValidationDataLoader
+from qwen3_titan_common.scripts.eval import main
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.components.loss import IGNORE_INDEX

@@ -4,7 +4,7 @@ Every export carries a ``generation_config.json`` (the source's, else one that s
 template's end of turn and at EOS) and a tokenizer whose ``model_max_length`` is the model's
 ``max_position_embeddings``; every file and directory of an export, and of a LoRA adapter folder,
 gets the modes the user's umask gives new files. The in-process writers here are the ones training
-calls (``train.checkpoint`` through ``export_hf_dir``, ``train.lora_checkpoint`` through
+calls (``components.checkpoint`` through ``export_hf_dir``, ``components.lora_checkpoint`` through
 ``write_adapter_dir``).
 """
 

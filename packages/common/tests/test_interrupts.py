@@ -4,7 +4,7 @@ import os
 import signal
 
 import pytest
-from qwen3_titan_common.cli import interrupts
+from qwen3_titan_common.launcher import interrupts
 
 
 @pytest.fixture

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from qwen3_titan_common.cli.knobs import KNOBS
-from qwen3_titan_common.cli.launch import run
-from qwen3_titan_common.cli.plan import Backend, plan_launch
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.launcher.knobs import KNOBS
+from qwen3_titan_common.launcher.launch import run
+from qwen3_titan_common.launcher.plan import Backend, plan_launch
 
 REGISTRY = """
 from qwen3_titan_common.assets import default_architecture as _arch
@@ -107,3 +107,17 @@ def test_help_shows_the_launcher_then_the_configs_torchtitan_flags(backend, caps
     # Defaults are the config function's values, not torchtitan's.
     assert "(default: ./outputs/knobs-debug)" in titan
     assert "usage: train" in titan
+
+
+def test_a_config_records_the_function_that_built_it():
+    """A rank names its config function (errors, model cards) from its config, not from its command line."""
+    from qwen3_titan_common.assets import default_architecture
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
+    from qwen3_titan_common.train.config_functions import BackendConfigs
+
+    configs = BackendConfigs("knobs", titan_qwen3_model_spec, module="knobs_backend")
+    assert configs.tiny(default_architecture(), "debug").config_function == ("knobs_backend", "debug")
+    unnamed = BackendConfigs(
+        "knobs", titan_qwen3_model_spec
+    )  # a user's own, without --module: said as "the config"
+    assert unnamed.tiny(default_architecture(), "debug").config_function is None

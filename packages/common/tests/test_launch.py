@@ -1,6 +1,6 @@
 import pytest
-from qwen3_titan_common.cli.launch import run
-from qwen3_titan_common.cli.plan import Backend, LaunchError, plan_launch
+from qwen3_titan_common.launcher.launch import run
+from qwen3_titan_common.launcher.plan import Backend, LaunchError, plan_launch
 from qwen3_titan_common.runtime.neuron_env import NEURON_ENV_DEFAULTS, neuron_env_updates
 
 NATIVE = Backend(distribution="native-backend", module="qwen3_titan_native")
@@ -79,7 +79,7 @@ def test_neuron_env_never_overrides_the_user():
 
 
 def test_print_cmd_shows_neuron_env_prefix():
-    from qwen3_titan_common.cli.plan import LaunchPlan
+    from qwen3_titan_common.launcher.plan import LaunchPlan
 
     plan = LaunchPlan("m", "c", 64, 1, 0, "localhost:0", [], env_updates={"NEURON_LOGICAL_NC_CONFIG": "2"})
     assert plan.shell_line().startswith("NEURON_LOGICAL_NC_CONFIG=2 torchrun --nproc_per_node=64 ")
@@ -94,14 +94,14 @@ BACKENDS = {
 
 
 def test_backend_env_variable_wins(monkeypatch):
-    from qwen3_titan_common.cli.dispatch import choose_backend
+    from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.setenv("QWEN3_TITAN_BACKEND", "hf-v5-backend")
     assert choose_backend(BACKENDS, ["--module", "qwen3_titan_native"])[0].distribution == "hf-v5-backend"
 
 
 def test_unknown_backend_env_variable_is_named(monkeypatch):
-    from qwen3_titan_common.cli.dispatch import choose_backend
+    from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.setenv("QWEN3_TITAN_BACKEND", "tpu-backend")
     backend, why = choose_backend(BACKENDS, [])
@@ -113,14 +113,14 @@ def test_unknown_backend_env_variable_is_named(monkeypatch):
 
 
 def test_module_flag_selects_its_backend(monkeypatch):
-    from qwen3_titan_common.cli.dispatch import choose_backend
+    from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
     assert choose_backend(BACKENDS, ["--module=qwen3_titan_hf_v5"])[0].distribution == "hf-v5-backend"
 
 
 def test_several_backends_and_no_choice_is_an_error_that_says_how(monkeypatch):
-    from qwen3_titan_common.cli.dispatch import choose_backend
+    from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
     backend, why = choose_backend(BACKENDS, ["--training.steps", "3"])
@@ -128,7 +128,7 @@ def test_several_backends_and_no_choice_is_an_error_that_says_how(monkeypatch):
 
 
 def test_a_single_installed_backend_needs_no_choice(monkeypatch):
-    from qwen3_titan_common.cli.dispatch import choose_backend
+    from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
     assert choose_backend({"native-backend": NATIVE}, [])[0] is NATIVE
@@ -143,7 +143,7 @@ def test_uv_run_package_is_read_from_the_parent_process(tmp_path):
     fake_uv = tmp_path / "uv"
     fake_uv.write_text('#!/bin/sh\n"$PYTHON" -c "$CODE"\n')
     fake_uv.chmod(0o755)
-    code = "from qwen3_titan_common.cli.dispatch import _uv_parent_package as f; print(f())"
+    code = "from qwen3_titan_common.launcher.dispatch import _uv_parent_package as f; print(f())"
     env = {**os.environ, "PYTHON": sys.executable, "CODE": code}
     out = subprocess.run(
         [str(fake_uv), "run", "--package", "hf-v5-backend", "train"],
@@ -157,7 +157,7 @@ def test_uv_run_package_is_read_from_the_parent_process(tmp_path):
 
 def test_config_functions_made_by_a_factory_are_listed_with_their_doc(tmp_path, monkeypatch):
     # `name = CONFIGS.published(..., doc="...")` is a config function too (train.config_functions).
-    from qwen3_titan_common.cli.config_names import list_config_functions
+    from qwen3_titan_common.launcher.config_names import list_config_functions
 
     package = tmp_path / "my_backend"
     package.mkdir()
@@ -177,7 +177,7 @@ def test_config_functions_made_by_a_factory_are_listed_with_their_doc(tmp_path, 
 
 
 def _shown(capsys, lines: list[str]) -> list[str]:
-    from qwen3_titan_common.cli.supervise import _Console
+    from qwen3_titan_common.launcher.supervise import _Console
 
     console = _Console(show_all=False)
     for line in lines:
@@ -229,7 +229,7 @@ TYRO_BOX = """\
 
 
 def test_a_ranks_parser_box_becomes_one_line_naming_the_typed_flag():
-    from qwen3_titan_common.train.rank_errors import parser_message
+    from qwen3_titan_common.launcher.rank_errors import parser_message
 
     box = TYRO_BOX.format(unknown="--training.stepz, 2")
     prefixed = "".join(f"[rank0]:{line}\n" for line in box.splitlines())
@@ -254,7 +254,7 @@ def test_a_restart_shows_the_run_live_again(capsys):
 def test_a_ranks_user_error_wins_over_another_ranks_internal_error(tmp_path):
     import json
 
-    from qwen3_titan_common.cli.supervise import ROOT_CAUSE_FILE, _RankFiles
+    from qwen3_titan_common.launcher.supervise import ROOT_CAUSE_FILE, _RankFiles
 
     def record(path, message):
         path.parent.mkdir(parents=True, exist_ok=True)

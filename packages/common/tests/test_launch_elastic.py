@@ -1,9 +1,9 @@
 """`train --max-restarts N` becomes torchrun's own flag, with the fresh store per restart it needs."""
 
 import pytest
-from qwen3_titan_common.cli.elastic import FRESH_STORE_PER_RESTART, restart_env_updates
-from qwen3_titan_common.cli.launch import run
-from qwen3_titan_common.cli.plan import Backend, LaunchError, plan_launch
+from qwen3_titan_common.launcher.elastic import FRESH_STORE_PER_RESTART, restart_env_updates
+from qwen3_titan_common.launcher.launch import run
+from qwen3_titan_common.launcher.plan import Backend, LaunchError, plan_launch
 
 NATIVE = Backend(distribution="native-backend", module="qwen3_titan_native")
 FRESH_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"

@@ -1,5 +1,5 @@
 import pytest
-from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 from torchtitan.config import ParallelismConfig
 
 

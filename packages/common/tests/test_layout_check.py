@@ -3,9 +3,9 @@
 (The whole command, both runs through torchrun: tests/test_parallel_layouts.py.)
 """
 
-from qwen3_titan_common.train.layout import Layout
-from qwen3_titan_common.train.layout_check import CHECK_STEPS, LayoutCheck
-from qwen3_titan_common.train.summary import RunSummary
+from qwen3_titan_common.launcher.layout_check import CHECK_STEPS, LayoutCheck
+from qwen3_titan_common.launcher.summary import RunSummary
+from qwen3_titan_common.models.layout import Layout
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 

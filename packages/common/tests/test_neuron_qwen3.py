@@ -2,8 +2,8 @@ from importlib.metadata import entry_points
 
 import pytest
 from neuron_qwen3 import config_registry as recipes
-from qwen3_titan_common.cli.launch import run
-from qwen3_titan_common.cli.plan import Backend
+from qwen3_titan_common.launcher.launch import run
+from qwen3_titan_common.launcher.plan import Backend
 
 
 def _installed(name: str) -> bool:

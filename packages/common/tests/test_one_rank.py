@@ -10,10 +10,10 @@ import torch
 import torch.distributed as dist
 from qwen3_titan_common.assets import default_architecture
 from qwen3_titan_common.compat import apply_lm_head_in_loss
+from qwen3_titan_common.components.loss import TrainedTokenLoss
 from qwen3_titan_common.models.fsdp_comms import trains_whole
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 from qwen3_titan_common.perf.precision import model_compute_dtype
-from qwen3_titan_common.train.loss import TrainedTokenLoss
 from torch.distributed.fsdp import FSDPModule
 from torchtitan.components.loss import CrossEntropyLoss
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
@@ -91,7 +91,7 @@ def test_the_whole_model_computes_in_the_runs_precision_and_keeps_fp32_weights_a
     model.lm_head.register_forward_hook(lambda module, args, out: projected.append(out.dtype))
     loss, _ = loss_fn(hidden, labels, torch.tensor(labels.numel()))
     loss.backward()
-    # In bf16 the loss projects with its own bf16 copy of the weight (train.loss); in fp32 with lm_head itself.
+    # In bf16 the loss projects with its own bf16 copy of the weight (components.loss); in fp32 with lm_head itself.
     assert projected == ([] if precision == "bfloat16" else [compute] * loss_fn.num_chunks)
     # Every parameter is an fp32 tensor with an fp32 gradient, the optimizer's as in a run of fp32.
     for name, param in model.named_parameters():

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.assets import default_tokenizer_dir
-from qwen3_titan_common.commands.preview_data import main
-from qwen3_titan_common.commands.preview_rows import BOUNDARY_COLOR
-from qwen3_titan_common.commands.trained_text import RESET, TRAINED_CLOSE, TRAINED_OPEN
 from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
+from qwen3_titan_common.scripts.preview_data import main
+from qwen3_titan_common.scripts.preview_rows import BOUNDARY_COLOR
+from qwen3_titan_common.scripts.trained_text import RESET, TRAINED_CLOSE, TRAINED_OPEN
 from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
 from torchtitan.components.loss import IGNORE_INDEX
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from qwen3_titan_common.launcher.summary import RunSummary, summary_lines, with_steps
 from qwen3_titan_common.perf.progress import Phase, format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_common.train.outputs import OutputDefaults, model_dir_tag, run_dump_folder
-from qwen3_titan_common.train.summary import RunSummary, summary_lines, with_steps
 
 
 class Clock:
@@ -150,8 +150,8 @@ def test_a_run_from_another_model_dir_gets_its_own_default_folder(tmp_path):
 
 
 def test_the_supervisor_reads_the_step_of_a_line_with_its_total():
-    # A Ctrl-C's one line names the last step the supervisor saw (cli.supervise), in either form.
-    from qwen3_titan_common.cli.supervise import ErrorSummary
+    # A Ctrl-C's one line names the last step the supervisor saw (launcher.supervise), in either form.
+    from qwen3_titan_common.launcher.supervise import ErrorSummary
 
     seen = ErrorSummary()
     seen.feed("[rank0]:[titan] - INFO - \x1b[31mstep: 27/30  \x1b[32mloss:  7.1  eta: 2s")

@@ -96,7 +96,7 @@ def test_the_tokenizer_folder_is_no_shard_index_news(tmp_path, caplog):
 
 
 def test_no_initial_load_path_is_no_news(caplog):
-    from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
+    from qwen3_titan_common.components.checkpoint import Qwen3CheckpointManager
     from torchtitan.components.checkpoint import CheckpointManager
 
     with caplog.at_level(logging.WARNING):

@@ -10,15 +10,15 @@ import sys
 
 import pytest
 from qwen3_titan_common.assets import debug_moe_architecture, default_architecture
-from qwen3_titan_common.train import dump_lock
-from qwen3_titan_common.train.dump_lock import DumpFolderBusy, DumpFolderLock, lock_holder
-from qwen3_titan_common.train.model_record import (
+from qwen3_titan_common.components.model_record import (
     RECORD_NAME,
     OtherModelError,
     check_model_record,
     model_record,
     write_model_record,
 )
+from qwen3_titan_common.train import dump_lock
+from qwen3_titan_common.train.dump_lock import DumpFolderBusy, DumpFolderLock, lock_holder
 
 
 def test_a_second_lock_names_the_holder_and_a_dead_holder_releases_it(tmp_path):
@@ -96,7 +96,7 @@ def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_trace
     rank_dir.mkdir(parents=True)
     code = (
         "from qwen3_titan_common.errors import UserInputError\n"
-        "from qwen3_titan_common.train.rank_errors import rank_errors\n"
+        "from qwen3_titan_common.launcher.rank_errors import rank_errors\n"
         "from types import SimpleNamespace\n"
         "with rank_errors(lambda: SimpleNamespace(dump_folder='.', hf=None)):\n"
         "    raise UserInputError('d.jsonl:9: bad')\n"
@@ -127,7 +127,7 @@ def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_trace
 
 def test_out_of_memory_names_the_flags_that_shrink_a_rank(tmp_path, monkeypatch):
     import torch
-    from qwen3_titan_common.train.rank_errors import translate
+    from qwen3_titan_common.launcher.rank_errors import translate
 
     monkeypatch.setenv("RANK", "3")
     cpu = RuntimeError(

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 import torch
-from qwen3_titan_common.train.schedule import Qwen3LRSchedulers, fitted
+from qwen3_titan_common.components.lr_scheduler import Qwen3LRSchedulers, fitted
 from torchtitan.components.optimizer import LRSchedulersContainer
 
 

@@ -1,4 +1,4 @@
-"""The CPU's loss (``train.loss``): torchtitan's chunked loss over the trained tokens only gives the plain
+"""The CPU's loss (``components.loss``): torchtitan's chunked loss over the trained tokens only gives the plain
 cross-entropy's loss and gradients; it applies where the hidden states are whole, and nowhere else."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import pytest
 import torch
 from qwen3_titan_common.assets import default_architecture
 from qwen3_titan_common.compat import apply_lm_head_in_loss
-from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
-from qwen3_titan_common.train.loss import (
+from qwen3_titan_common.components.loss import (
     TrainedTokenLoss,
     trained_token_loss_applies,
     with_trained_token_loss,
 )
+from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
 from qwen3_titan_common.train.tolerance import assert_close_reduction, reduction_atol
 from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
 

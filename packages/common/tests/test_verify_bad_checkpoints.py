@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from qwen3_titan_common.commands.verify import main
+from qwen3_titan_common.scripts.verify import main
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.edges import changes, check_failure, snapshot
 from safetensors.torch import load_file, save_file

@@ -109,9 +109,9 @@ def test_a_run_that_names_no_batch_gets_the_largest_that_fits_the_stated_memory(
 def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_path):
     """More FSDP ranks, checked by the same estimate: the debug job planned for a GPU whose memory holds its
     activations and under a third of its weights, gradients and optimizer state."""
-    from qwen3_titan_common.cli.plan import LaunchPlan
+    from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
+    from qwen3_titan_common.launcher.plan import LaunchPlan
     from qwen3_titan_common.perf.fit import RankMemory
-    from qwen3_titan_common.train.dry_run import as_fake_rank, checked_config
     from qwen3_titan_common.train.memory_check import estimate_rank0, with_more_nodes
 
     plan = LaunchPlan(
@@ -142,8 +142,8 @@ def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_pa
 
 _HALF_AND_WHOLE = """
 import json, sys
-from qwen3_titan_common.cli.plan import LaunchPlan
-from qwen3_titan_common.train.dry_run import as_fake_rank, checked_config
+from qwen3_titan_common.launcher.plan import LaunchPlan
+from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
 from qwen3_titan_common.train.memory_check import estimate_rank0
 
 plan = LaunchPlan(

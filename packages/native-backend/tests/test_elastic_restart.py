@@ -2,7 +2,7 @@
 
 The restarted workers resume from the newest complete checkpoint (step 8: checkpoints every 4 steps,
 the kill after step 10) and every step's loss equals an uninterrupted run's. Before the launcher gave
-each restart a fresh TCPStore (qwen3_titan_common/cli/elastic.py), about one restart in two failed in
+each restart a fresh TCPStore (qwen3_titan_common/launcher/elastic.py), about one restart in two failed in
 gloo's connectFullMesh; `tools/bench_elastic_restarts.py` runs the 10-in-a-row check.
 """
 

@@ -2,7 +2,7 @@
 
 import shlex
 
-from qwen3_titan_common.cli.launch import run
+from qwen3_titan_common.launcher.launch import run
 from qwen3_titan_native import BACKEND as NATIVE
 
 RECIPE_FLAGS = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--local-ranks-filter", "0"]
@@ -50,3 +50,10 @@ def test_real_size_configs_compile_on_cuda_and_the_tiny_one_never(monkeypatch):
         assert config_registry.qwen3_1_7b().compile.enable is compiled, kind
         assert config_registry.native_qwen3_4b().compile.enable is compiled, kind
         assert config_registry.debug().compile.enable is False, kind
+
+
+def test_the_registry_s_configs_record_their_module_and_name():
+    from qwen3_titan_native import config_registry
+
+    assert config_registry.debug().config_function == ("qwen3_titan_native", "debug")
+    assert config_registry.native_qwen3_4b().config_function == ("qwen3_titan_native", "native_qwen3_4b")

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from qwen3_titan_common.components.model_record import model_record, write_model_record
 from qwen3_titan_common.train.dump_lock import DumpFolderLock
-from qwen3_titan_common.train.model_record import model_record, write_model_record
 from qwen3_titan_native import BACKEND
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.edges import changes, check_failure, checks_in_process, snapshot
@@ -804,7 +804,7 @@ def test_dump_folder_holds_checkpoints_of_another_backend(fails, tmp_path):
 def test_dump_folder_holds_a_per_rank_data_position(fails, tmp_path):
     # Written before one packed stream was dealt to every layout: same model, no data_position in its record.
     from qwen3_titan_common.assets import default_architecture
-    from qwen3_titan_common.train.model_record import schedule_of
+    from qwen3_titan_common.components.model_record import schedule_of
     from qwen3_titan_native.config_registry import debug
 
     _checkpoint_of(
@@ -918,8 +918,8 @@ def test_model_dir_names_another_model_class(fails, model):
 
 def test_resume_with_fewer_steps_than_the_checkpoint(fails, tmp_path):
     from qwen3_titan_common.assets import default_architecture
+    from qwen3_titan_common.components.model_record import schedule_of
     from qwen3_titan_common.data.loader import POSITION_FORMAT
-    from qwen3_titan_common.train.model_record import schedule_of
     from qwen3_titan_native.config_registry import debug
 
     record = model_record("qwen3", default_architecture(), schedule_of(debug()), POSITION_FORMAT)

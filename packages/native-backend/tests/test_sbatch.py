@@ -6,8 +6,8 @@ import shutil
 import subprocess
 
 import pytest
-from qwen3_titan_common.cli.launch import run
-from qwen3_titan_common.cli.plan import Backend
+from qwen3_titan_common.launcher.launch import run
+from qwen3_titan_common.launcher.plan import Backend
 from qwen3_titan_common.runtime.neuron_env import NEURON_ENV_DEFAULTS
 
 NATIVE = Backend(distribution="native-backend", module="qwen3_titan_native")

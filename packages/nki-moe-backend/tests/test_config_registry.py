@@ -4,7 +4,7 @@ from importlib.metadata import entry_points
 
 import pytest
 from qwen3_titan_common.assets import default_tokenizer_dir
-from qwen3_titan_common.cli.config_names import list_config_functions
+from qwen3_titan_common.launcher.config_names import list_config_functions
 from qwen3_titan_nki_moe import config_registry
 from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES
 from qwen3_titan_nki_moe.trainer import NkiMoETrainer

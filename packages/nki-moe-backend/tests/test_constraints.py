@@ -112,9 +112,9 @@ def test_trainer_preparation_fails_fast_for_nki_on_any_device(monkeypatch):
 
 def _precheck(argv: list[str]) -> str | None:
     """The backend's check, as each rank and --dry-run run it, on the config torchtitan parses."""
-    from qwen3_titan_common.cli.plan import plan_launch
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.train.dry_run import parse_run_config
+    from qwen3_titan_common.launcher.dry_run import parse_run_config
+    from qwen3_titan_common.launcher.plan import plan_launch
     from qwen3_titan_common.train.trainer import Qwen3Trainer
     from qwen3_titan_nki_moe import BACKEND
 

@@ -109,6 +109,9 @@ SUBCLASS_HOOKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         # save()/load() check `enable` once, then call _save/_load; _save writes when _should_save says so.
         "torchtitan.components.checkpoint.CheckpointManager": ("_save", "_load", "_should_save"),
+        # init_states() calls _init_self_buffers for the buffers a module computes (RoPE caches); the
+        # protocol's docstring names it as the override point.
+        "torchtitan.protocols.module.Module": ("_init_self_buffers",),
     }
 )
 """The private hooks a subclass of each upstream class ('module.Class') may override and call."""

@@ -5,10 +5,10 @@
 starts torchrun.
 """
 
-from qwen3_titan_common.cli.plan import Backend
+from qwen3_titan_common.launcher.plan import Backend
 
 BACKEND = Backend(
     distribution="hf-v5-backend",
     module="qwen3_titan_hf_v5",
-    eval_model="qwen3_titan_hf_v5.eval_model:hf_v5_model",
+    eval_model="qwen3_titan_hf_v5.model:hf_v5_eval_spec",
 )

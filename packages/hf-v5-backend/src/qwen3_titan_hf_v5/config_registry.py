@@ -68,7 +68,7 @@ class HFv5Trainer(_Qwen3Trainer):
         return None
 
 
-_CONFIGS = _BackendConfigs("hf-v5", _hf_v5_model_spec, HFv5Trainer)
+_CONFIGS = _BackendConfigs("hf-v5", _hf_v5_model_spec, HFv5Trainer, module=__package__)
 
 
 def debug() -> HFv5Trainer.Config:

@@ -262,9 +262,7 @@ class HFCausalLM(BaseModel):
         with torch.no_grad():
             for name, param in self.named_parameters():  # a tied weight is initialised once
                 self.init_parameter(name, param)
-            self._init_rope_buffers(buffer_device)
-            if self._is_moe:
-                self.tokens_per_expert_LE = torch.zeros_like(self.tokens_per_expert_LE, device=buffer_device)
+            self._init_self_buffers(buffer_device=buffer_device)
 
     def init_parameter(self, name: str, param: torch.Tensor) -> None:
         """Draw ``param`` (named ``name`` in this model) by its rule; also called on a whole, unsharded tensor
@@ -284,10 +282,15 @@ class HFCausalLM(BaseModel):
         else:
             raise RuntimeError(f"{name}: no initialisation rule for this parameter (hf-v5-backend model.py)")
 
-    def _init_rope_buffers(self, buffer_device: torch.device | None) -> None:
-        # RoPE inverse frequencies are computed in the rotary module's constructor, which ran on
-        # the meta device: recompute them as transformers does (on the CPU, in fp32).
+    def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
+        """torchtitan's hook for the buffers a model computes (also called on a model whose weights are
+        loaded, ``hf.titan_load``): the experts' token counts, and RoPE's inverse frequencies, computed in the
+        rotary module's constructor, which ran on the meta device: recomputed as transformers does (on the
+        CPU, in fp32)."""
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if self._is_moe:
+            self.tokens_per_expert_LE = torch.zeros_like(self.tokens_per_expert_LE, device=buffer_device)
 
         for module in self.modules():
             buffers = dict(module.named_buffers(recurse=False))
@@ -332,3 +335,13 @@ def hf_v5_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
         post_optimizer_build_fn=None,
         state_dict_adapter=HFv5StateDictAdapter,
     )
+
+
+def hf_v5_eval_spec(arch: Qwen3Architecture, *, seq_len: int, routing_recorded: bool = False) -> ModelSpec:
+    """``eval --backend hf-v5-backend``: the model this backend trains, read through its own state-dict
+    adapter (per-expert tensors fused as transformers v5 holds them). ``seq_len`` sizes nothing here:
+    transformers computes RoPE per position."""
+    spec = hf_v5_model_spec(arch, "eval")
+    if routing_recorded:
+        spec.model = spec.model.with_routing_recorded()
+    return spec

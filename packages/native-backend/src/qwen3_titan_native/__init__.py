@@ -5,7 +5,7 @@ shared ``train`` launcher knows of it (the ``qwen3_titan.backends`` entry point)
 launcher imports this package before it starts torchrun.
 """
 
-from qwen3_titan_common.cli.plan import Backend
+from qwen3_titan_common.launcher.plan import Backend
 
 BACKEND = Backend(
     distribution="native-backend",

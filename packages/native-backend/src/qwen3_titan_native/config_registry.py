@@ -13,7 +13,7 @@ from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec as _titan_qwe
 from qwen3_titan_common.train.config_functions import BackendConfigs as _BackendConfigs
 from torchtitan.trainer import Trainer
 
-_CONFIGS = _BackendConfigs("native", _titan_qwen3_model_spec)
+_CONFIGS = _BackendConfigs("native", _titan_qwen3_model_spec, module=__package__)
 
 
 def debug() -> Trainer.Config:

@@ -11,11 +11,11 @@ broken rule ends the launch with one line::
     train: --training.seq_len 1000: the NKI rope_hf kernel needs a multiple of 256 (128 x LNC=2); nearest valid: 1024
 """
 
-from qwen3_titan_common.cli.plan import Backend
+from qwen3_titan_common.launcher.plan import Backend
 
 BACKEND = Backend(
     distribution="nki-moe-backend",
     module="qwen3_titan_nki_moe",
     default_config="debug_moe",
-    eval_model="qwen3_titan_nki_moe.eval_model:nki_moe_model",
+    eval_model="qwen3_titan_nki_moe.eval_model:nki_moe_eval_spec",
 )

@@ -22,7 +22,9 @@ from qwen3_titan_common.train.config_functions import BackendConfigs as _Backend
 from qwen3_titan_nki_moe.overrides import KERNEL_OVERRIDES as _KERNEL_OVERRIDES
 from qwen3_titan_nki_moe.trainer import NkiMoETrainer as _NkiMoETrainer
 
-_CONFIGS = _BackendConfigs("nki-moe", _titan_qwen3_model_spec, _NkiMoETrainer, tuple(_KERNEL_OVERRIDES))
+_CONFIGS = _BackendConfigs(
+    "nki-moe", _titan_qwen3_model_spec, _NkiMoETrainer, tuple(_KERNEL_OVERRIDES), module=__package__
+)
 
 
 def debug_moe() -> _NkiMoETrainer.Config:

@@ -103,7 +103,7 @@ def on_small_filesystem(
 
 def checks_in_process(backend, argv: list[str]) -> int:
     """What ``train ARGV`` checks before anything is written, in this process: the launcher's own
-    checks (``cli.launch.run`` up to torchrun), then rank 0's (``Qwen3Trainer.resolved_and_checked``, on the config
+    checks (``launcher.launch.run`` up to torchrun), then rank 0's (``Qwen3Trainer.resolved_and_checked``, on the config
     torchtitan parses from the rank's command line), ending as the launcher ends an input error.
 
     torchtitan is imported once for many cases this way; the path from a rank's error through torchrun
@@ -112,17 +112,17 @@ def checks_in_process(backend, argv: list[str]) -> int:
     import os
     import sys
 
-    from qwen3_titan_common.cli.launch import run
-    from qwen3_titan_common.cli.plan import check_config_name, check_model_dir, plan_launch
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.train.dry_run import before_subcommands, check_before_launch, parse_run_config
+    from qwen3_titan_common.launcher.dry_run import before_subcommands, check_before_launch, parse_run_config
+    from qwen3_titan_common.launcher.launch import run
+    from qwen3_titan_common.launcher.plan import check_config_name, check_model_dir, plan_launch
     from qwen3_titan_common.train.dump_lock import hold_in_rank
     from qwen3_titan_common.train.trainer import Qwen3Trainer
 
     launcher_only = {"--print-cmd", "--list-configs", "--print-sbatch", "--dry-run", "-h", "--help"}
     if launcher_only & set(argv):
         return run(backend, argv)
-    try:  # the launcher's own checks, in cli.launch.run's order, up to starting torchrun
+    try:  # the launcher's own checks, in launcher.launch.run's order, up to starting torchrun
         _, plan = plan_launch(backend, argv)
         check_config_name(plan.module, plan.config)
         check_model_dir(plan.passthrough)

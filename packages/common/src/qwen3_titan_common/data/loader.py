@@ -31,7 +31,7 @@ from qwen3_titan_common.data.sources import (
 from qwen3_titan_common.data.tokens import DocumentTokenizer
 
 # The loader's key in a checkpoint's data state (torchtitan's own is one per dp rank), and what the position
-# means, recorded beside the checkpoints (train.model_record) so that one of another meaning is refused by name.
+# means, recorded beside the checkpoints (components.model_record) so that one of another meaning is refused by name.
 POSITION_KEY = "position"
 POSITION_FORMAT = "one packed stream, dealt to the ranks by global batch"
 PER_RANK_POSITION = (
@@ -155,7 +155,7 @@ class TextChatDataLoader(ParallelAwareDataloader):
             return
         if (
             POSITION_KEY not in state_dict
-        ):  # a checkpoint of before: train.model_record names its folder first
+        ):  # a checkpoint of before: components.model_record names its folder first
             raise DatasetError(f"the checkpoint: {PER_RANK_POSITION}")
         super(ParallelAwareDataloader, self).load_state_dict(json.loads(state_dict[POSITION_KEY]))
 

@@ -1,4 +1,5 @@
-"""Loads an HF directory into torchtitan's native Qwen3 in one process (tools, tests).
+"""Loads an HF directory into a torchtitan model in one process (eval, verify-checkpoint, tools, tests):
+torchtitan's Qwen3 and Qwen3-MoE, or hf-v5's ``HFCausalLM``, each through its own state-dict adapter.
 
 Training runs load through torchtitan's sharded HF reader instead (see ``start.py``);
 this is the single-process path the verify tool compares against transformers.
@@ -17,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 from qwen3_titan_common.compat import init_computed_buffers
+from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.model_dir import HFModelDir
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
@@ -102,12 +104,15 @@ def load_hf_into_titan(
     fused q/k/v weights (a copy of every attention weight): callers that built the model on
     the meta device pass the keys they listed there instead.
     """
-    from qwen3_titan_common.hf.expected_keys import expected_hf_shapes
+    from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 
-    # Converted piece by piece, so the tie (lm_head filled from the embedding) is the
-    # model's business: it shares one parameter between the two.
-    untied_config = dataclasses.replace(model_config, enable_weight_tying=False)
-    adapter = adapter_cls(untied_config, None)
+    # Converted piece by piece, so the tie (lm_head filled from the embedding) is the model's business: it
+    # shares one parameter between the two. torchtitan's decoder adapter fills a tied lm_head in every piece
+    # and expects the embedding in each, so its pieces are converted untied; transformers' (hf-v5) fills it
+    # only in the piece that holds the embedding.
+    if hasattr(model_config, "enable_weight_tying"):
+        model_config = dataclasses.replace(model_config, enable_weight_tying=False)
+    adapter = adapter_cls(model_config, None)
     arch = model_dir.architecture
     expected = expected_keys if expected_keys is not None else set(model.state_dict())
     loaded: set[str] = set()
@@ -124,14 +129,14 @@ def load_hf_into_titan(
         del ready, titan_state
     if assembler.pending:
         layer, group = next(iter(assembler.pending.items()))
-        raise RuntimeError(f"{model_dir.path}: layer {layer} is incomplete ({len(group)} tensors found)")
-    if arch.tie_word_embeddings and "tok_embeddings.weight" in loaded:
-        # Assignment replaced one side of the tie; point lm_head back at the embedding.
+        raise CheckpointError(f"{model_dir.path}: layer {layer} is incomplete ({len(group)} tensors found)")
+    if model.enable_weight_tying:
+        # Assignment gave each side of the tie a parameter of its own; point lm_head back at the embedding.
         model.lm_head.weight = model.tok_embeddings.weight
-        loaded.add("lm_head.weight")
+        loaded.add(LM_HEAD)
     missing = sorted(k for k in expected - loaded if not any(s in k for s in _NOT_IN_CHECKPOINTS))
     if missing:
-        raise RuntimeError(f"torchtitan model: not loaded from {model_dir.path}: {missing[:8]}")
+        raise CheckpointError(f"{model_dir.path}: not loaded into the {type(model).__name__}: {missing[:8]}")
 
 
 def cover_tokens(model_config, seq_len: int):

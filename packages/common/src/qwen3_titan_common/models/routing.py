@@ -3,7 +3,7 @@
 :class:`RecordingTopKRouter` is torchtitan's token-choice router (same gate, same choices, same
 parameters, so checkpoints and exports are unchanged) that, when its ``Config.record`` is on and the
 model is training, keeps the step's routing probabilities and chosen experts as a
-:class:`RoutingRecord`. The balance loss (``train.router_balance``) takes the records of every layer
+:class:`RoutingRecord`. The balance loss (``components.router_balance``) takes the records of every layer
 once per forward (:func:`take_routing`); the hf-v5 backend's model gives its own records from
 transformers' router logits through the same ``take_routing`` method.
 

@@ -1,6 +1,6 @@
 """The experts' load of an MoE run, from the per-layer token counts its model keeps.
 
-The step line shows two figures per stretch of steps (``perf.metrics``), TensorBoard one pair per layer;
+The step line shows two figures per stretch of steps (``components.metrics``), TensorBoard one pair per layer;
 a model offers its counts with ``take_expert_counts() -> ExpertCounts | None`` (native and nki-moe:
 torchtitan's own ``MoE.tokens_per_expert_E``; hf-v5: counted from transformers' router logits).
 """

@@ -1,7 +1,7 @@
 """A rank's peak memory in a training step, estimated before launch by torch's own memory tracker.
 
 The job's model, built and sharded as its rank 0 builds it (on torchtitan's fake process group, see
-``train.dry_run``), takes a training step on fake tensors: shapes, dtypes and devices, no storage and no
+``launcher.dry_run``), takes a training step on fake tensors: shapes, dtypes and devices, no storage and no
 arithmetic, so a 30B shape costs seconds. Torch's FSDP memory tracker (``compat.step_memory_tracker``;
 torchtitan's own estimator used it until it was removed) follows every tensor the step creates and frees, and
 reports the peak by kind: sharded parameters and gradients, the optimizer's state, activations and the
@@ -134,7 +134,7 @@ def track_step(
     are materialised as fake tensors on ``device``); ``build_optimizer`` its optimizer. Attention is costed as
     causal: per-document attention saves what causal SDPA saves, and its extra buffers (a group's gathered
     keys on the CPU, a chunk's scores elsewhere) live inside one layer's call, as the fused causal kernel's
-    do. ``loss_chunks``: the run's loss applies the output projection in that many chunks (``train.loss``), so
+    do. ``loss_chunks``: the run's loss applies the output projection in that many chunks (``components.loss``), so
     one chunk's logits are alive at a time (fused with the cross-entropy by ``perf.projection`` for a model
     trained whole in bf16, as that loss does, its buffers kept for the step); None: the whole batch's logits,
     as torchtitan's plain cross-entropy. ``gloo``: the job's collectives run on gloo (a CPU job of several
@@ -189,7 +189,7 @@ def track_step(
                 compute_dtype = model_compute_dtype(model)
                 projection = ProjectionCrossEntropy.of(model.lm_head, compute_dtype)
                 if projection is None:
-                    # As the loss applies it (``train.loss``).
+                    # As the loss applies it (``components.loss``).
                     with compute_autocast(compute_dtype):
                         logits = model.lm_head(hidden)
                     loss = torch.nn.functional.cross_entropy(logits.float(), chunk_labels)

@@ -1,7 +1,7 @@
 """The output projection and cross-entropy of a model trained whole on one CPU rank, fused, in its compute
 dtype.
 
-Under bf16 autocast over fp32 weights (``models.fsdp_comms``), a chunked loss (``train.loss``) that projects
+Under bf16 autocast over fp32 weights (``models.fsdp_comms``), a chunked loss (``components.loss``) that projects
 each chunk through autocast and torch's cross-entropy creates, per chunk, the bf16 logits, their fp32 copy, the
 log-probabilities, their gradient, its bf16 copy, and the weight's bf16 gradient with its fp32 copy: buffers
 the size of the chunk's logits or of the vocabulary's weight, fresh each time, and on a CPU faulting fresh

@@ -15,6 +15,7 @@ other torchtitan module copies those names (see ``device_autoload``).
 
 from __future__ import annotations
 
+import functools
 import glob
 import logging
 import os
@@ -73,8 +74,8 @@ def neuron_available() -> bool:
         return False
 
 
-def _forced_device() -> str | None:
-    forced = os.environ.get(FORCE_DEVICE_ENV, "").strip().lower()
+def _forced_device(setting: str) -> str | None:
+    forced = setting.strip().lower()
     if not forced:
         return None
     if forced not in DIST_BACKENDS:
@@ -97,7 +98,18 @@ def _cannot_have_an_accelerator() -> str | None:
 
 
 def detect_device() -> DeviceInfo:
-    forced = _forced_device()
+    """The device this process trains on: Neuron, then CUDA, then the CPU (``QWEN3_TITAN_DEVICE`` forces one).
+
+    Detected once per process for each value of the variable: a device does not come or go while a process
+    runs, and asking the Neuron runtime or the CUDA driver again costs a call each of the several places that
+    need the answer (the launcher's plan, the device hook, the config functions, the kernel registry).
+    """
+    return _detected(os.environ.get(FORCE_DEVICE_ENV, ""))
+
+
+@functools.cache
+def _detected(forced_setting: str) -> DeviceInfo:
+    forced = _forced_device(forced_setting)
     if forced == "cpu":
         return _cpu_info(f"{FORCE_DEVICE_ENV}=cpu")
     if forced is None:

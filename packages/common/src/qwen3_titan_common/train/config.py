@@ -17,18 +17,18 @@ from torchtitan.config import CompileConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.components.checkpoint import Qwen3CheckpointManager
+from qwen3_titan_common.components.lr_scheduler import Qwen3LRSchedulers
+from qwen3_titan_common.components.metrics import Qwen3Metrics
+from qwen3_titan_common.components.validate import Qwen3Validator
 from qwen3_titan_common.data import ChatTemplateTokenizer, TextChatDataLoader
-from qwen3_titan_common.perf.metrics import Qwen3Metrics
-from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.train.outputs import OutputDefaults
-from qwen3_titan_common.train.schedule import Qwen3LRSchedulers
 from qwen3_titan_common.train.trainer import (
     HFCheckpointConfig,
     ModelSpecBuilder,
     Qwen3DebugConfig,
     Qwen3Trainer,
 )
-from qwen3_titan_common.train.validation import Qwen3Validator
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class RunShape:
     # Per-block torch.compile where the run is on CUDA: the fastest configuration measured on an H200
     # for every backend (docs/performance.md); the compile costs seconds that a tiny run never recovers.
     compile_on_cuda: bool = False
-    # Validation on held-out rows (train.validation) at step 1, every `validation_interval` steps and at
+    # Validation on held-out rows (components.validate) at step 1, every `validation_interval` steps and at
     # the end, reading at most `validation_batches` batches (-1: all of them).
     validation_interval: int = 10
     validation_batches: int = -1

@@ -2,7 +2,7 @@
 
 torchtitan finds a config function as a zero-argument callable attribute of the backend's
 ``config_registry`` (``--config NAME``), and the launcher lists them without importing anything
-(``cli.config_names`` reads the registry's source). A function written out is listed by its docstring;
+(``launcher.config_names`` reads the registry's source). A function written out is listed by its docstring;
 one made here is an assignment (``qwen3_1_7b = CONFIGS.published("qwen3_1_7b")``), listed by its
 ``doc=`` or, for the published shapes, by the summary in ``arch.published.PUBLISHED_CONFIG_FUNCTIONS``.
 """
@@ -42,6 +42,9 @@ class BackendConfigs:
     trainer: type[Qwen3Trainer] = Qwen3Trainer
     override_imports: tuple[str, ...] = ()
     """``@override`` factories every config of the backend lists (``--override.imports``)."""
+    module: str | None = None
+    """The ``--module`` these config functions are found under (the registry's package): each config
+    records it with its own name, so a rank knows which function built its config without reading argv."""
 
     def config(
         self, arch: Qwen3Architecture, name: str, shape: RunShape, hf: HFCheckpointConfig | None = None
@@ -51,6 +54,7 @@ class BackendConfigs:
             trainer=self.trainer,
         )  # fmt: skip
         config.override.imports = list(self.override_imports)
+        config.config_function = (self.module, name) if self.module else None
         return config
 
     def tiny(self, arch: Qwen3Architecture, name: str, shape: RunShape | None = None) -> Qwen3Trainer.Config:

@@ -14,7 +14,7 @@
 spec's config goes through the LoRA converter (``models.lora``: adapters, base frozen; a backend's
 model may add its own, as hf-v5's does with peft), its state-dict adapter reads and writes base
 checkpoints with the adapters left out, and the checkpoint manager becomes
-:class:`~qwen3_titan_common.train.lora_checkpoint.LoRACheckpointManager`, which writes the adapters
+:class:`~qwen3_titan_common.components.lora_checkpoint.LoRACheckpointManager`, which writes the adapters
 in peft's format.
 """
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.components.lora_checkpoint import LoRACheckpointManager, LoRAExportPlan
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.hf.adapter import check_adapter_shapes, expected_adapter_shapes, open_adapter_dir
 from qwen3_titan_common.hf.start import StartPoint, absolute
@@ -36,7 +37,6 @@ from qwen3_titan_common.models.lora import (
     LoRAParams,
     lora_state_dict_adapter,
 )
-from qwen3_titan_common.train.lora_checkpoint import LoRACheckpointManager, LoRAExportPlan
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,7 +2,7 @@
 on torchtitan's fake process group, against the memory a rank has, and settings that fit when it does not.
 
 The dry run prints it, and a real launch on this machine checks it before torchrun starts when it matters
-(``train.dry_run``: ``dry_run``, ``check_before_launch``).
+(``launcher.dry_run``: ``dry_run``, ``check_before_launch``).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class JobModel:
                 seq_len=config.training.seq_len,
                 vocab_size=vocab,
                 baseline_bytes=baseline_bytes,
-                # The trained-token loss is the CPU's (train.loss); a job planned here for another device has none.
+                # The trained-token loss is the CPU's (components.loss); a job planned here for another device has none.
                 loss_chunks=getattr(config.loss, "num_chunks", None) if self.device_kind == "cpu" else None,
                 gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
             )
@@ -183,7 +183,7 @@ def with_more_nodes(
     whose ranks hold enough of the sharded state to fit at the job's batch, tracked like the job; None if none
     does, or if the job fixes its FSDP degree (``--parallelism.data_parallel_shard_degree``), which more ranks
     would not lay out."""
-    from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+    from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
     config = job.config
     world = job.parallel_dims.world_size

@@ -19,6 +19,8 @@ import torch
 from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
+from qwen3_titan_common.launcher.short_flags import short_flag_of
+from qwen3_titan_common.models.layout import Layout, resolve_layout
 from qwen3_titan_common.runtime.disk import (
     DiskSpaceError,
     NotWritableError,
@@ -26,8 +28,6 @@ from qwen3_titan_common.runtime.disk import (
     check_writable_dir,
     nearest_existing,
 )
-from qwen3_titan_common.train.layout import Layout, resolve_layout
-from qwen3_titan_common.train.short_flags import short_flag_of
 
 
 def _positive(flag: str, value: int) -> None:

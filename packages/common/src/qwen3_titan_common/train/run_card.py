@@ -6,7 +6,6 @@ The command line is the one the user typed, which the ``train`` launcher passes 
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shlex
@@ -16,7 +15,7 @@ import torch
 
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.model_card import CardFacts, model_card, source_hub_id
-from qwen3_titan_common.train.rank_errors import COMMAND_ENV
+from qwen3_titan_common.launcher.rank_errors import COMMAND_ENV
 
 _HUB_DOWNLOAD = re.compile(r"\bhf download (\S+)")
 
@@ -44,16 +43,6 @@ def _data(config) -> str:
     return f"`{dataset}`" + (f" ({fmt})" if fmt != "auto" else "")
 
 
-def rank_module_and_config() -> tuple[str | None, str | None]:
-    """The ``--module`` and ``--config`` this rank was started with (the last of each wins, as torchtitan
-    reads them): a rank's config does not keep which config function built it."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--module")
-    parser.add_argument("--config")
-    known, _ = parser.parse_known_args(sys.argv[1:])
-    return known.module, known.config
-
-
 def _command() -> str:
     return os.environ.get(COMMAND_ENV) or shlex.join(
         ["torchrun", "...", "-m", "torchtitan.train", *sys.argv[1:]]
@@ -68,8 +57,12 @@ def run_card(trainer, step: int) -> str:
     if hub_id is None and config.hf.download_hint:
         match = _HUB_DOWNLOAD.search(config.hf.download_hint)
         hub_id = match.group(1) if match else None
-    module, name = rank_module_and_config()
-    backend = f"torchtitan `--module {module} --config {name}`" if module else type(trainer).__qualname__
+    built_by = config.config_function
+    backend = (
+        f"torchtitan `--module {built_by[0]} --config {built_by[1]}`"
+        if built_by
+        else type(trainer).__qualname__
+    )
     facts = CardFacts(
         base_model=str(model_dir) if model_dir else None,
         base_model_hub_id=hub_id,

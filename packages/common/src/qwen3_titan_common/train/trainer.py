@@ -11,12 +11,12 @@
     --hf.max_shard_size S       e.g. 5GB (default), 500MB
 
 a ``lora`` section (``--lora.rank R`` ...: LoRA fine-tuning with peft adapters, ``train.lora``) and a
-``moe`` section (``--moe.router_aux_loss on`` ...: Qwen3-MoE's router balance loss, ``train.router_balance``).
+``moe`` section (``--moe.router_aux_loss on`` ...: Qwen3-MoE's router balance loss, ``components.router_balance``).
 
 Every backend's config functions return this Config (or a backend's subclass), so the flags are the
 same for all of them; a backend supplies ``model_spec_builder`` to rebuild its model from a
 checkpoint's architecture. The trainer itself only decides where the weights come from (``hf.start``)
-and when to export; the checkpoint manager (``train.checkpoint``) checks the disk and writes exports.
+and when to export; the checkpoint manager (``components.checkpoint``) checks the disk and writes exports.
 """
 
 from __future__ import annotations
@@ -44,35 +44,35 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
-from qwen3_titan_common.data.loader import POSITION_FORMAT, TextChatDataLoader
-from qwen3_titan_common.errors import CheckpointError, UserInputError, first_line
-from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
-from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
-from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
-from qwen3_titan_common.perf.optimizer_state import describe_trainable
-from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
-from qwen3_titan_common.perf.progress import Phase
-from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
-from qwen3_titan_common.train.checkpoint import HFExportPlan
-from qwen3_titan_common.train.lora import LoRAOptions, with_lora
-from qwen3_titan_common.train.loss import TrainedTokenLoss, with_trained_token_loss
-from qwen3_titan_common.train.model_record import (
+from qwen3_titan_common.components.checkpoint import HFExportPlan
+from qwen3_titan_common.components.loss import TrainedTokenLoss, with_trained_token_loss
+from qwen3_titan_common.components.model_record import (
     check_data_position,
     check_model_record,
     model_record,
     schedule_changes,
     schedule_of,
 )
-from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
-from qwen3_titan_common.train.rank_errors import announce_restart, leave_run_folders, rank_errors
-from qwen3_titan_common.train.router_balance import (
+from qwen3_titan_common.components.router_balance import (
     LMLossWithRouterBalance,
     MoEOptions,
     with_expert_exchange,
     with_router_balance,
 )
-from qwen3_titan_common.train.run_card import rank_module_and_config, run_card
-from qwen3_titan_common.train.summary import converted_summary, report, summary_of
+from qwen3_titan_common.data.loader import POSITION_FORMAT, TextChatDataLoader
+from qwen3_titan_common.errors import CheckpointError, UserInputError, first_line
+from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
+from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
+from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
+from qwen3_titan_common.launcher.rank_errors import announce_restart, leave_run_folders, rank_errors
+from qwen3_titan_common.launcher.summary import converted_summary, report, summary_of
+from qwen3_titan_common.perf.optimizer_state import describe_trainable
+from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
+from qwen3_titan_common.perf.progress import Phase
+from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
+from qwen3_titan_common.train.lora import LoRAOptions, with_lora
+from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
+from qwen3_titan_common.train.run_card import run_card
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
 
@@ -124,6 +124,8 @@ class Qwen3Trainer(Trainer):
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
+        config_function: Annotated[tuple[str, str] | None, tyro.conf.Suppress] = None
+        """``(--module, --config)`` of the function that built this config, set by it (errors, model cards)."""
 
         def __post_init__(self) -> None:
             # torchtitan refuses CUDA graphs with pipeline or expert parallelism when it parses the config,
@@ -194,8 +196,8 @@ class Qwen3Trainer(Trainer):
         every check on it (``train.preflight.check_run``, the backend's :meth:`prepare_backend`), before
         anything is written. Each rank and ``train --dry-run`` run it first; raises a one-line
         UserInputError. ``deferred``: a dry run's list of what only the machines of the job can confirm."""
+        from qwen3_titan_common.components.validate import with_validation_data
         from qwen3_titan_common.train.preflight import check_run
-        from qwen3_titan_common.train.validation import with_validation_data
 
         try:
             start, config = resolve_run_config(config)
@@ -203,8 +205,7 @@ class Qwen3Trainer(Trainer):
             raise
         except (ValueError, AssertionError) as err:
             # torchtitan validates the config again once the model directory's architecture is in it.
-            name = rank_module_and_config()[1]
-            which = f"--config {name}" if name else "the config"
+            which = f"--config {config.config_function[1]}" if config.config_function else "the config"
             raise UserInputError(f"{which} with these flags: {first_line(err)}") from None
         config = with_validation_data(config)
         check_run(config, deferred=deferred)
@@ -419,7 +420,7 @@ def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Tr
     model_dir = start.model_dir
     checkpoint = config.checkpoint
     if model_dir is None and start.kind != "resume" and checkpoint.initial_load_path:
-        # Our default for initial_load_model_only is not torchtitan's (train.checkpoint): say which applies.
+        # Our default for initial_load_model_only is not torchtitan's (components.checkpoint): say which applies.
         what = "the weights" if checkpoint.initial_load_model_only else "the whole training state"
         logger.info(f"[start] --checkpoint.initial_load_path {checkpoint.initial_load_path}: loading {what}")
     if model_dir is not None:

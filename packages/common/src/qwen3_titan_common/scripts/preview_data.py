@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_titan_common.commands.trained_text import (
+from qwen3_titan_common.scripts.trained_text import (
     PreviewRow,
     dataloader_config,
     highlighted,
@@ -197,14 +197,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.rows is not None:
-            from qwen3_titan_common.commands.preview_rows import show_rows
+            from qwen3_titan_common.scripts.preview_rows import show_rows
 
             return show_rows(args, color)
         if args.records is None:
             args.records = DEFAULT_RECORDS
         records = preview(args)
     except (UserInputError, OSError) as err:
-        from qwen3_titan_common.commands.eval import in_command_flags
+        from qwen3_titan_common.scripts.eval import in_command_flags
 
         print(f"preview-data: {in_command_flags(str(err), dataset='DATASET')}", file=sys.stderr)
         return 2

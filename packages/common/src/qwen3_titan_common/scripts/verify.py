@@ -138,8 +138,8 @@ def _parser() -> argparse.ArgumentParser:
 def check_loadable(model_dir: HFModelDir) -> None:
     """What must hold before a directory is worth loading: its keys and shapes fit its config.json, and
     every weight is finite (one pass over each shard, one shard in memory at a time)."""
+    from qwen3_titan_common.components.weight_check import is_finite
     from qwen3_titan_common.hf.titan_load import iter_hf_shard_files
-    from qwen3_titan_common.train.weight_check import is_finite
 
     arch = model_dir.architecture
     found = {k: e.shape for k, e in model_dir.tensors.items()}

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from qwen3_titan_common.errors import UserInputError, first_line
-from qwen3_titan_common.train.layout import LayoutError, resolve_layout
-from qwen3_titan_common.train.rank_errors import parser_message
+from qwen3_titan_common.launcher.rank_errors import parser_message
+from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
 # Flags a dry run adds: rank 0 of the job on torchtitan's fake process group, nothing compiled.
 DRY_RUN_FLAGS = ("--comm.mode", "fake_backend", "--compile.no-enable")
@@ -33,7 +33,7 @@ GIB = 1024**3
 
 
 class PlannedJob(Protocol):
-    """What a dry run needs of the launcher's plan (``cli.plan.PlannedJob``)."""
+    """What a dry run needs of the launcher's plan (``launcher.plan.PlannedJob``)."""
 
     module: str
     config: str

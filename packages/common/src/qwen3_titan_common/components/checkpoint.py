@@ -5,9 +5,9 @@
 - before each step checkpoint torchtitan is about to write, it checks that the folder's disk has room
   for it (fp32 weights and AdamW's two fp32 moments, as DCP stores them) and fails with the numbers;
   a disk that fills up anyway is named in one line; the first save records which model the folder's
-  checkpoints hold (``train.model_record``), so that a run of another model refuses to resume from them;
+  checkpoints hold (``components.model_record``), so that a run of another model refuses to resume from them;
 - right after weights are loaded (a Hugging Face directory or a step checkpoint), every parameter is
-  checked for NaN/Inf (``train.weight_check``) and the first such one is named;
+  checked for NaN/Inf (``components.weight_check``) and the first such one is named;
 - ``export_hf(step)`` writes a Hugging Face directory (safetensors shards, config.json, tokenizer) of
   the trained weights through the model's state-dict adapter, the same one torchtitan's own checkpoints
   use; the trainer calls it at ``--hf.export_interval`` and at the end (``train.trainer``).
@@ -32,14 +32,14 @@ from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.components.model_record import write_model_record
+from qwen3_titan_common.components.weight_check import first_non_finite
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
 from qwen3_titan_common.hf.start import newest_complete_step
 from qwen3_titan_common.perf.memory import local_numel
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
-from qwen3_titan_common.train.model_record import write_model_record
-from qwen3_titan_common.train.weight_check import first_non_finite
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ class Qwen3CheckpointManager(CheckpointManager):
         """Set by the trainer from --hf.*: where and how Hugging Face exports are written."""
 
         model_record: Annotated[dict[str, Any] | None, tyro.conf.Suppress] = None
-        """Set by the trainer: which model this run's checkpoints hold (``train.model_record``)."""
+        """Set by the trainer: which model this run's checkpoints hold (``components.model_record``)."""
 
         save_steps: Annotated[bool, tyro.conf.Suppress] = True
         """Set by the trainer: False when the manager is enabled only to load --hf.model_dir's weights (torchtitan

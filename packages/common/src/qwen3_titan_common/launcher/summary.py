@@ -8,7 +8,7 @@
     [train] load:       uv run python -c "import transformers as t; ..."
 
 Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher it writes it
-as JSON beside its torchelastic error file (``train.rank_errors.launcher_dir``), and the launcher prints it
+as JSON beside its torchelastic error file (``launcher.rank_errors.launcher_dir``), and the launcher prints it
 after torchrun and every rank have finished, with the command the user typed and the wall time; under a bare
 ``torchrun`` the rank logs the same lines itself. Nothing here imports torch: the launcher reads it.
 """
@@ -224,7 +224,7 @@ def converted_summary(trainer, converted: str | os.PathLike) -> RunSummary:
 
 def report(summary: RunSummary, log) -> None:
     """For the launcher to print, when one runs this rank, else to ``log`` (one call per line)."""
-    from qwen3_titan_common.train.rank_errors import launcher_dir
+    from qwen3_titan_common.launcher.rank_errors import launcher_dir
 
     where = launcher_dir()
     if where is not None:

@@ -4,7 +4,7 @@
 every flag the launcher does not own is passed to torchtitan unchanged. ``--print-cmd`` prints that
 command instead of running it, ``--list-configs`` lists the backend's config functions, ``--dry-run``
 checks a layout of any size on this machine with torchtitan's fake process group, ``--check-layout`` runs
-it at 2 layers beside one rank (``train.layout_check``), ``--print-sbatch`` prints a Slurm batch script that
+it at 2 layers beside one rank (``launcher.layout_check``), ``--print-sbatch`` prints a Slurm batch script that
 runs the command on every node (``sbatch``).
 """
 
@@ -15,14 +15,20 @@ import shlex
 import sys
 import time
 
-from qwen3_titan_common.cli.config_names import list_config_functions
-from qwen3_titan_common.cli.dispatch import choose_backend, installed_backends, uv_parent_command
-from qwen3_titan_common.cli.interrupts import interrupted, notice_interrupts, raise_if_interrupted
-from qwen3_titan_common.cli.plan import Backend, LaunchPlan, check_config_name, check_model_dir, plan_launch
-from qwen3_titan_common.cli.supervise import run_torchrun, torchrun_executable
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.train.rank_errors import COMMAND_ENV, SHOW_TRACEBACK_ENV
-from qwen3_titan_common.train.summary import summary_lines
+from qwen3_titan_common.launcher.config_names import list_config_functions
+from qwen3_titan_common.launcher.dispatch import choose_backend, installed_backends, uv_parent_command
+from qwen3_titan_common.launcher.interrupts import interrupted, notice_interrupts, raise_if_interrupted
+from qwen3_titan_common.launcher.plan import (
+    Backend,
+    LaunchPlan,
+    check_config_name,
+    check_model_dir,
+    plan_launch,
+)
+from qwen3_titan_common.launcher.rank_errors import COMMAND_ENV, SHOW_TRACEBACK_ENV
+from qwen3_titan_common.launcher.summary import summary_lines
+from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 
 
 def _list_configs(module: str) -> int:
@@ -39,7 +45,7 @@ def _list_configs(module: str) -> int:
 def run(backend: Backend, argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        from qwen3_titan_common.cli.help import print_help
+        from qwen3_titan_common.launcher.help import print_help
 
         return print_help(backend, argv)
     notice_interrupts()
@@ -55,18 +61,18 @@ def run(backend: Backend, argv: list[str] | None = None) -> int:
             print(plan.shell_line())
             return 0
         if opts.print_sbatch:
-            from qwen3_titan_common.cli.sbatch import print_sbatch
+            from qwen3_titan_common.launcher.sbatch import print_sbatch
 
             return print_sbatch(backend, opts, plan, argv)
         if opts.dry_run:
-            from qwen3_titan_common.train.dry_run import dry_run
+            from qwen3_titan_common.launcher.dry_run import dry_run
 
             return dry_run(plan)
         if opts.check_layout:
-            from qwen3_titan_common.train.layout_check import check_layout
+            from qwen3_titan_common.launcher.layout_check import check_layout
 
             return check_layout(plan, lambda job: _run(job, user_command(argv), opts.show_traceback))
-        from qwen3_titan_common.train.dry_run import before_subcommands, check_before_launch
+        from qwen3_titan_common.launcher.dry_run import before_subcommands, check_before_launch
 
         plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
         return _train(plan, argv, show_traceback=opts.show_traceback)
@@ -124,7 +130,7 @@ def _interrupted_before_any_rank() -> int:
 
 
 def main() -> None:
-    """The shared ``train`` console script (also ``python -m qwen3_titan_common.cli.launch``): choose the
+    """The shared ``train`` console script (also ``python -m qwen3_titan_common.launcher.launch``): choose the
     backend (``dispatch``), then run it."""
     argv = sys.argv[1:]
     backend, why = choose_backend(installed_backends(), argv)

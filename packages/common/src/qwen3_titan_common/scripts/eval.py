@@ -19,7 +19,6 @@ it makes, its base (``base_model_name_or_path``, or ``--base``) with the adapter
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import re
@@ -146,19 +145,18 @@ def _positive(value: int | None, flag: str) -> None:
 
 def eval_model_builder(name: str | None):
     """The model builder: torchtitan's native Qwen3, or the one ``--backend`` names."""
-    if name is None:
-        from qwen3_titan_common.hf.eval_models import native_qwen3
+    from qwen3_titan_common.hf.eval_models import eval_model_of
 
-        return native_qwen3, "torchtitan Qwen3"
-    from qwen3_titan_common.cli.dispatch import installed_backends
+    if name is None:
+        return eval_model_of("qwen3_titan_common.hf.eval_models:native_qwen3"), "torchtitan Qwen3"
+    from qwen3_titan_common.launcher.dispatch import installed_backends
 
     backends = {n: b for n, b in installed_backends().items() if b.eval_model}
     if name not in backends:
         raise EvalError(
             f"--backend {name}: not an installed backend (installed: {', '.join(backends) or 'none'})"
         )
-    module, function = backends[name].eval_model.split(":")
-    return getattr(importlib.import_module(module), function), name
+    return eval_model_of(backends[name].eval_model), name
 
 
 def _open(path: str, base: str | None = None):

@@ -21,8 +21,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from qwen3_titan_common.cli.config_names import list_config_functions
-from qwen3_titan_common.cli.plan import Backend, flag_value
+from qwen3_titan_common.launcher.config_names import list_config_functions
+from qwen3_titan_common.launcher.plan import Backend, flag_value
 
 BACKENDS_GROUP = "qwen3_titan.backends"
 BACKEND_ENV = "QWEN3_TITAN_BACKEND"

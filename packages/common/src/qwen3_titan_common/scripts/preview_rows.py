@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from qwen3_titan_common.commands.trained_text import (
+from qwen3_titan_common.scripts.trained_text import (
     CONTEXT_COLOR,
     RESET,
     PreviewRow,

@@ -4,7 +4,7 @@ The launcher checks nothing a rank checks: each rank runs every check before it 
 (``Qwen3Trainer.resolved_and_checked``). A failed run shows what happened before it failed, then one ``train:``
 line: a rank's input error, an interruption (the step reached, the newest complete checkpoint), or an internal
 error with where the full log is. The line comes from torchelastic's error file, which torchrun fills
-from the first rank to fail (``train.rank_errors``), else from the failing rank's output.
+from the first rank to fail (``launcher.rank_errors``), else from the failing rank's output.
 
 A stopping rank prints one ``[stopped]`` line before the rest of its failure, on the same stream: that
 line, everything after it and torchrun's failure report stay in the log only, whatever order the
@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
-from qwen3_titan_common.train.rank_errors import (
+from qwen3_titan_common.launcher.rank_errors import (
     RESTARTED,
     RUN_FILE,
     SHOW_TRACEBACK_ENV,
@@ -42,7 +42,7 @@ from qwen3_titan_common.train.rank_errors import (
     USER_ERROR,
     parser_message,
 )
-from qwen3_titan_common.train.summary import SUMMARY_FILE, RunSummary
+from qwen3_titan_common.launcher.summary import SUMMARY_FILE, RunSummary
 
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 1, 130
 # How long torchrun gets to stop its ranks after an interruption before they are killed.
@@ -75,7 +75,7 @@ class ErrorSummary:
 
     A rank that dies of one of our input errors outside the trainer ends its traceback with
     ``qwen3_titan_...XxxError: message``; torchtitan's parser's message is read from the rank's own
-    output at the end (``train.rank_errors.parser_message``).
+    output at the end (``launcher.rank_errors.parser_message``).
     """
 
     def __init__(self) -> None:
@@ -272,7 +272,7 @@ class _Interruption:
 class _RankFiles:
     """What torchrun and the ranks leave in torchrun's ``--log-dir``: per rank
     ``<run id>/attempt_<n>/<local rank>/`` with its output, torchelastic's ``error.json``, and from
-    ``train.rank_errors`` ``run.json`` and (rank 0) the summary; torchrun's root cause beside them."""
+    ``launcher.rank_errors`` ``run.json`` and (rank 0) the summary; torchrun's root cause beside them."""
 
     def __init__(self, folder: Path):
         self.folder = folder

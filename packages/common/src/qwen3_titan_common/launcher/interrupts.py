@@ -3,7 +3,7 @@
 Python raises ``KeyboardInterrupt`` wherever the main thread is; inside a library's ``try: ... except:``
 (torch's import, on a machine where the launcher needs it to count devices) it is swallowed and the
 launch would go on. So the handler also remembers the signal, and the launcher asks
-(:func:`raise_if_interrupted`) before it starts torchrun; from then on ``cli.supervise`` handles signals.
+(:func:`raise_if_interrupted`) before it starts torchrun; from then on ``launcher.supervise`` handles signals.
 Signals the caller ignores (a background job's SIGINT) stay ignored.
 """
 

@@ -17,10 +17,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3_titan_common.cli.config_names import list_config_functions
-from qwen3_titan_common.cli.elastic import restart_env_updates, torchrun_flags
-from qwen3_titan_common.cli.knobs import add_knob_arguments, knob_flags, mapping_lines, titan_args
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.launcher.config_names import list_config_functions
+from qwen3_titan_common.launcher.elastic import restart_env_updates, torchrun_flags
+from qwen3_titan_common.launcher.knobs import add_knob_arguments, knob_flags, mapping_lines, titan_args
 from qwen3_titan_common.perf.fit import memory_flag
 from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
@@ -32,7 +32,7 @@ class Backend:
     distribution: str  # e.g. "native-backend"
     module: str  # the torchtitan --module, e.g. "qwen3_titan_native"
     default_config: str = "debug"
-    # "module:function" building this backend's model for `eval --backend` (hf.eval_models).
+    # "module:function" giving the ModelSpec this backend trains, for `eval --backend` (hf.eval_models).
     eval_model: str | None = None
 
 
@@ -52,7 +52,7 @@ class LaunchPlan:
     env_updates: dict[str, str] = field(default_factory=dict)
     max_restarts: int = 0
     rdzv_id: str | None = None
-    # The launcher's short flags and the torchtitan flags they became (cli.knobs), for --print-cmd.
+    # The launcher's short flags and the torchtitan flags they became (launcher.knobs), for --print-cmd.
     knob_mapping: list[str] = field(default_factory=list)
     # The device kind found on this machine when the job runs here (no --nproc), else None.
     device_kind: str | None = None
@@ -115,7 +115,7 @@ def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
             "Flags not listed here go to torchtitan unchanged, e.g. --training.steps 5."
         ),
         allow_abbrev=False,
-        # --help shows torchtitan's flags of the chosen config too (cli.help).
+        # --help shows torchtitan's flags of the chosen config too (launcher.help).
         add_help=False,
     )
     p.add_argument(

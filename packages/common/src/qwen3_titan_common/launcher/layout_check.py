@@ -19,9 +19,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from qwen3_titan_common.train.dry_run import PlannedJob, checked_config, fake_rank_env
-from qwen3_titan_common.train.layout import Layout, resolve_layout
-from qwen3_titan_common.train.summary import RunSummary
+from qwen3_titan_common.launcher.dry_run import PlannedJob, checked_config, fake_rank_env
+from qwen3_titan_common.launcher.summary import RunSummary
+from qwen3_titan_common.models.layout import Layout, resolve_layout
 
 CHECK_LAYERS = 2
 CHECK_STEPS = 3

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from qwen3_titan_common.cli.plan import Backend, check_config_name, launcher_parser
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.launcher.plan import Backend, check_config_name, launcher_parser
 
 
 def print_help(backend: Backend, argv: list[str]) -> int:

@@ -12,7 +12,7 @@ the launcher keeps that line and everything after it from the terminal, whatever
 output arrives in. A user error prints no traceback at all (it stays in the error file;
 ``QWEN3_TITAN_SHOW_TRACEBACK=1`` prints it). Beside the error file, the rank that holds a node's first
 local rank leaves ``run.json`` (its dump and checkpoint folders, once its checks passed) and rank 0 the
-end-of-run summary (``train.summary``), for the launcher to read after torchrun returns.
+end-of-run summary (``launcher.summary``), for the launcher to read after torchrun returns.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _close_short_flag(flags: list[str]) -> str | None:
     suggestions know only the long torchtitan names."""
     import difflib
 
-    from qwen3_titan_common.train.short_flags import KNOBS
+    from qwen3_titan_common.launcher.short_flags import KNOBS
 
     names = {knob.flag: f"{knob.flag} (= {knob.field})" for knob in KNOBS}
     for flag in flags:

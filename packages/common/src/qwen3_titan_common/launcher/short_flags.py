@@ -1,6 +1,6 @@
 """The launcher's short flags (``--lr``, ``--steps``, ...) and the torchtitan field each stands for.
 
-One table, read by the launcher (``cli.knobs`` rewrites each short flag into its field before anything
+One table, read by the launcher (``launcher.knobs`` rewrites each short flag into its field before anything
 runs) and by the checks and error messages of the ranks, which name a field's short flag beside it.
 """
 

@@ -33,11 +33,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.compat import without_checkpoint_wrapper
+from qwen3_titan_common.components.checkpoint import Qwen3CheckpointManager
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.adapter import AdapterDir, AdapterSpec, peft_key, write_adapter_dir
 from qwen3_titan_common.models.lora import LoRAParams, adapter_key, base_weight_name
 from qwen3_titan_common.perf.memory import local_numel
-from qwen3_titan_common.train.checkpoint import Qwen3CheckpointManager
 
 BASE_EXPORT = "base"
 

@@ -45,7 +45,7 @@ def schedule_of(config, world_size: int = 1) -> dict[str, Any]:
     """What of a run's config shapes how its steps update the weights, beyond the model: the config
     function, the rows of a step (sequence length, global batch: the same on any number of ranks), the
     learning-rate schedule and each parameter group's optimizer settings."""
-    from qwen3_titan_common.train.layout import LayoutError, resolve_layout
+    from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
     scheduler = config.lr_scheduler
     fields = ("warmup_steps", "decay_ratio", "decay_type", "min_lr_factor")

@@ -20,7 +20,7 @@ expert took (balanced: top_k / num_experts) and the experts that took none, summ
 layer in TensorBoard (``moe/layer_N/busiest_share``, ``moe/layer_N/idle_experts``), counted over every
 routed token (padding included: the experts computed it) on all data-parallel ranks. One warning line
 names a layer the first time its routing collapses (:func:`collapsed`). With the router balance loss the
-loss is still the language-model loss; ``balance:`` is the term added to it (``train.router_balance``).
+loss is still the language-model loss; ``balance:`` is the term added to it (``components.router_balance``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class Qwen3Metrics(MetricsProcessor):
         self.memory_source = MEMORY_SOURCES.get(self.device_kind, f"{self.device_kind} allocator")
         # This rank's tokens with a label since the last log, beside torchtitan's ntokens_since_last_log.
         self.trained_tokens_since_last_log = 0
-        # Set by the trainer when the run has the router balance loss (train.router_balance).
+        # Set by the trainer when the run has the router balance loss (components.router_balance).
         self.router_balance = None
         self._collapsed_layers: set[str] = set()
         logger.info(

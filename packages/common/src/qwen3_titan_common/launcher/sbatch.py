@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from qwen3_titan_common.cli.plan import Backend, LaunchPlan
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.launcher.plan import Backend, LaunchPlan
 from qwen3_titan_common.runtime.neuron_env import NEURON_ENV_DEFAULTS
 
 RDZV_PORT = 29400  # torchrun's own default c10d port
@@ -133,9 +133,9 @@ _OTHER_MODES = {"dry_run": "--dry-run", "check_layout": "--check-layout", "print
 
 
 def print_sbatch(backend: Backend, opts: argparse.Namespace, plan: LaunchPlan, argv: list[str]) -> int:
-    """The script, once the job passed the checks its ranks would run (``train.dry_run.check_planned_job``):
+    """The script, once the job passed the checks its ranks would run (``launcher.dry_run.check_planned_job``):
     a mistyped flag does not wait in a cluster's queue to fail."""
-    from qwen3_titan_common.train.dry_run import check_planned_job
+    from qwen3_titan_common.launcher.dry_run import check_planned_job
 
     for name, flag in _OTHER_MODES.items():
         if getattr(opts, name, False):

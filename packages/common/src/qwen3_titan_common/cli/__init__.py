@@ -1,1 +1,0 @@
-"""The commands: ``train`` (plan, backend dispatch, torchrun supervision, dry run) and ``verify-checkpoint``."""
