@@ -1,3 +1,7 @@
+import os
+import shutil
+from pathlib import Path
+
 import pytest
 from qwen3_titan_common.launcher.launch import run
 from qwen3_titan_common.launcher.plan import Backend, LaunchError, plan_launch
@@ -176,43 +180,53 @@ def test_config_functions_made_by_a_factory_are_listed_with_their_doc(tmp_path, 
     ]
 
 
-def _shown(capsys, lines: list[str]) -> list[str]:
-    from qwen3_titan_common.launcher.supervise import _Console
+# A program torchrun runs in the tests below: step lines on stdout, then a failure, as a rank's would be.
+FAILING_RANK = """
+import sys
+from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.launcher.rank_errors import record_uncaught_errors
 
-    console = _Console(show_all=False)
-    for line in lines:
-        console.line(line + "\n")
-    return capsys.readouterr().out.splitlines()
-
-
-def test_what_a_stopping_rank_prints_never_reaches_the_terminal_in_any_order(capsys):
-    """A rank's failure is held from its [stopped] line on, however its stderr (the line, a traceback)
-    and its stdout (step lines still in flight) interleave, and torchrun's report after it."""
-    import itertools
-
-    steps = [f"[rank0]:step: {n}/30  loss: 5.0" for n in (3, 4, 5)]
-    failure = ["[rank0]:[stopped] data.jsonl:84: not JSON", "[rank0]:Traceback (most recent call last):",
-               "[rank0]:  File x.py", "[rank0]:RuntimeError: boom",
-               "E1202 12:00:00 123 torch/distributed/elastic/multiprocessing/api.py:1 failed (exitcode: 1)"]  # fmt: skip
-    before = ["[rank0]:step: 1/30  loss: 6.0", "[rank0]:step: 2/30  loss: 5.5"]
-    for at in range(len(steps) + 1):  # step lines in flight arrive before, between or after the failure
-        for order in {tuple(p) for p in itertools.permutations([*steps[:at], "F"])}:
-            arrived = [
-                *before,
-                *[line for x in order for line in (failure if x == "F" else [x])],
-                *steps[at:],
-            ]
-            shown = _shown(capsys, arrived)
-            held_from = arrived.index(failure[0])
-            assert shown == arrived[:held_from], shown
+record_uncaught_errors()  # as every config function does
+for step in (1, 2):
+    print(f"step: {step}/30  loss: 5.0", flush=True)
+    print(f"a warning on stderr at step {step}", file=sys.stderr, flush=True)
+if sys.argv[1] == "user":
+    raise UserInputError("data.jsonl:84: not JSON")
+raise RuntimeError("boom")
+"""
 
 
-def test_a_traceback_nobody_announced_is_shown_once_training_goes_on(capsys):
-    lines = ["[rank0]:step: 1/30  loss: 6.0", "[rank0]:Traceback (most recent call last):",
-             "[rank0]:ValueError: a library's, caught", "[rank0]:step: 2/30  loss: 5.9",
-             "[rank0]:step: 3/30  loss: 5.8"]  # fmt: skip
-    assert _shown(capsys, lines[:4]) == lines[:1]  # the step in progress does not release it
-    assert _shown(capsys, lines) == lines
+@pytest.mark.parametrize(
+    ("kind", "code", "last"),
+    [
+        ("user", 2, "train: data.jsonl:84: not JSON"),
+        ("internal", 1, "train: internal error in rank 0: RuntimeError: boom"),
+    ],
+)
+def test_a_failing_rank_shows_its_log_and_one_line_and_its_stderr_stays_in_the_log(
+    tmp_path, capfd, kind, code, last
+):
+    """Real torchrun, one rank: its stdout live, its stderr (a warning, its traceback or stop line) and
+    torchrun's report in the log only, and the last line from its recorded error, read after torchrun ends."""
+    from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
+
+    (tmp_path / "failing_rank.py").write_text(FAILING_RANK)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("QWEN3_TITAN_SHOW_TRACEBACK", None)
+    command = [torchrun_executable(), "--nproc_per_node=1", "--rdzv_backend", "c10d", "--rdzv_endpoint",
+               "localhost:0", "--tee", "3", "-m", "failing_rank", kind]  # fmt: skip
+    rc, summary = run_torchrun(command, env)
+    out, err = capfd.readouterr()
+    assert (rc, summary) == (code, None)
+    assert [line for line in out.splitlines() if "step:" in line][-1].endswith("step: 2/30  loss: 5.0")
+    assert "warning" not in out + err and "Traceback" not in out + err and "[stopped]" not in out + err
+    assert err.splitlines()[0].startswith("[train] ") and err.splitlines()[-1].startswith(last)
+    assert len(err.splitlines()) == 2  # the first line and the last
+    if kind == "internal":
+        log = Path(err.splitlines()[-1].split("the full log is in ")[1].split(" (")[0])
+        text = log.read_text()
+        assert "a warning on stderr at step 2" in text and "RuntimeError: boom" in text
+        shutil.rmtree(log.parent)
 
 
 TYRO_BOX = """\
@@ -243,18 +257,10 @@ def test_a_ranks_parser_box_becomes_one_line_naming_the_typed_flag():
     )
 
 
-def test_a_restart_shows_the_run_live_again(capsys):
-    lines = ["[rank0]:step: 1/30  loss: 6.0", "[rank0]:[stopped] internal error: RuntimeError: boom",
-             "[rank0]:Traceback (most recent call last):", "[rank0]:[restarted] torchrun restarted the ranks (restart 1)",
-             "[rank0]:step: 1/30  loss: 6.0"]  # fmt: skip
-    assert _shown(capsys, lines[:3]) == lines[:1]
-    assert _shown(capsys, lines) == lines  # the failure that was restarted from is shown once it is behind
-
-
 def test_a_ranks_user_error_wins_over_another_ranks_internal_error(tmp_path):
     import json
 
-    from qwen3_titan_common.launcher.supervise import ROOT_CAUSE_FILE, _RankFiles
+    from qwen3_titan_common.launcher.rank_files import ROOT_CAUSE_FILE, RankFiles
 
     def record(path, message):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +268,7 @@ def test_a_ranks_user_error_wins_over_another_ranks_internal_error(tmp_path):
 
     record(tmp_path / ROOT_CAUSE_FILE, "RuntimeError: Connection closed by peer")  # rank 0, same second
     record(tmp_path / "run" / "attempt_0" / "0" / "error.json", "RuntimeError: Connection closed by peer")
-    files = _RankFiles(tmp_path)
+    files = RankFiles(tmp_path)
     assert files.root_cause() == "RuntimeError: Connection closed by peer"
     record(tmp_path / "run" / "attempt_0" / "1" / "error.json", "UserInputError: d.jsonl:9: bad")
     assert files.root_cause() == "UserInputError: d.jsonl:9: bad"

@@ -122,8 +122,6 @@ def test_the_summary_without_checkpoints_says_a_rerun_starts_over(tmp_path):
     lines = summary_lines(dataclasses.replace(SUMMARY, checkpoint=None, export=None))
     assert any("a rerun starts over" in line for line in lines)
     assert not any(line.startswith(("verify:", "load:")) for line in lines)
-    SUMMARY.write(tmp_path / "s.json")
-    assert RunSummary.read(tmp_path / "s.json") == SUMMARY and RunSummary.read(tmp_path / "none.json") is None
 
 
 def test_with_steps_replaces_every_spelling():
@@ -149,12 +147,30 @@ def test_a_run_from_another_model_dir_gets_its_own_default_folder(tmp_path):
     assert run_dump_folder(recipe.dump_folder, str(Path(model)), recipe) == recipe.dump_folder
 
 
-def test_the_supervisor_reads_the_step_of_a_line_with_its_total():
-    # A Ctrl-C's one line names the last step the supervisor saw (launcher.supervise), in either form.
-    from qwen3_titan_common.launcher.supervise import ErrorSummary
+def test_the_run_record_is_what_the_launcher_reads_after_torchrun(tmp_path, monkeypatch):
+    """A node's first local rank rewrites one file as the run goes (folders, the last step, the summary);
+    its other ranks, and a rank outside the launcher, write none."""
+    from qwen3_titan_common.launcher.summary import RUN_FILE, RunRecord, RunSummary
 
-    seen = ErrorSummary()
-    seen.feed("[rank0]:[titan] - INFO - \x1b[31mstep: 27/30  \x1b[32mloss:  7.1  eta: 2s")
-    assert seen.last_step == 27
-    seen.feed("[rank0]:[titan] - INFO - step: 28  loss:  7.0")
-    assert seen.last_step == 28
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    monkeypatch.setenv("QWEN3_TITAN_COMMAND", "train --steps 30")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    record = RunRecord(dump_folder="out", checkpoint_folder="out/checkpoint")
+    assert RunRecord.read(tmp_path / RUN_FILE) is None  # none yet
+    record.save()
+    assert RunRecord.read(tmp_path / RUN_FILE) == record
+    record.last_step = 27
+    record.summary = RunSummary(
+        first_step=1, last_step=27, total_steps=30, tokens=10, train_seconds=1.0, tokens_per_second=10.0,
+        first_loss=8.0, final_loss=7.0, peak_memory_gib=None, memory_source="host RSS", checkpoint=None, export=None,
+    )  # fmt: skip
+    record.save()
+    assert RunRecord.read(tmp_path / RUN_FILE) == record
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    record.last_step = 28
+    record.save()
+    assert RunRecord.read(tmp_path / RUN_FILE).last_step == 27
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("QWEN3_TITAN_COMMAND")  # a bare torchrun: nobody reads it
+    record.save()
+    assert RunRecord.read(tmp_path / RUN_FILE).last_step == 27

@@ -88,6 +88,9 @@ class Qwen3Metrics(MetricsProcessor):
         self.trained_tokens_since_last_log = 0
         # Set by the trainer when the run has the router balance loss (components.router_balance).
         self.router_balance = None
+        # Set by the trainer: the file its launcher reads after the run (launcher.summary.RunRecord), which
+        # keeps the last step logged, for the line of an interrupted run.
+        self.run_record = None
         self._collapsed_layers: set[str] = set()
         logger.info(
             f"[metrics] MFU peak: {self.peak_source}"
@@ -123,6 +126,9 @@ class Qwen3Metrics(MetricsProcessor):
         trained_share = self.trained_tokens_since_last_log / max(1, self.ntokens_since_last_log)
         self.trained_tokens_since_last_log = 0
         self.progress.record(step, global_avg_loss, all_ranks_tokens, seconds, memory, trained_share)
+        if self.run_record is not None:
+            self.run_record.last_step = step
+            self.run_record.save()
         eta = self.progress.eta_seconds()
         ours = {
             "memory/peak(GiB)": memory,

@@ -6,19 +6,17 @@ as one-line ``UserInputError``s naming the path, file or step and what to do; an
 it is (an internal error).
 
 A rank that stops records why in torchelastic's own error file (``TORCHELASTIC_ERROR_FILE``, which
-torchrun sets for every rank under its ``--log-dir`` and from which it reports the first failure), and
-prints one ``[stopped]`` line before anything else of its failure, on the stream its traceback goes to:
-the launcher keeps that line and everything after it from the terminal, whatever order the processes'
-output arrives in. A user error prints no traceback at all (it stays in the error file;
-``QWEN3_TITAN_SHOW_TRACEBACK=1`` prints it). Beside the error file, the rank that holds a node's first
-local rank leaves ``run.json`` (its dump and checkpoint folders, once its checks passed) and rank 0 the
-end-of-run summary (``launcher.summary``), for the launcher to read after torchrun returns.
+torchrun sets for every rank under its ``--log-dir`` and from which it reports the first failure): that
+file is the one channel of errors to the ``train`` launcher, which reads it after torchrun returns. On
+stderr, which the launcher keeps in the run's log and which a bare ``torchrun`` shows, the rank says in one
+line that it stops; a user error prints no traceback (it stays in the error file;
+``QWEN3_TITAN_SHOW_TRACEBACK=1`` prints it). What else a rank leaves for the launcher is one file beside
+the error file (``launcher.summary.RunRecord``).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import sys
@@ -30,9 +28,7 @@ from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 
 STOPPED = "[stopped] "
-RESTARTED = "[restarted] "
 USER_ERROR = "UserInputError: "  # how torchelastic's error file begins the message of a user error
-RUN_FILE = "run.json"
 SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
 # Set by the launcher for its ranks: the command the user typed, for the exports' model cards
 # (train.run_card); its presence also says the launcher reads what the ranks leave beside their error files.
@@ -189,45 +185,40 @@ def launcher_dir() -> Path | None:
     return Path(error_file).parent
 
 
-def announce_restart() -> None:
-    """One line when torchrun restarted this rank (``--max-restarts``): the launcher shows the run live again."""
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    if attempt > 0:
-        print(f"{RESTARTED}torchrun restarted the ranks (restart {attempt})", file=sys.stderr, flush=True)
-
-
-def leave_run_folders(dump_folder: str, checkpoint_folder: str) -> None:
-    """Where this run writes, for the launcher's log and its last line (a node's first local rank)."""
-    where = launcher_dir()
-    if where is None or os.environ.get("LOCAL_RANK", "0") != "0":
-        return
-    partial = where / (RUN_FILE + ".partial")
-    partial.write_text(json.dumps({"dump_folder": dump_folder, "checkpoint_folder": checkpoint_folder}))
-    partial.replace(where / RUN_FILE)
-
-
-_quiet: set[int] = set()  # the user errors whose traceback is not printed
+_recorded: dict[int, bool] = {}  # id of each error this rank recorded -> whether it is a user error
 
 
 def _excepthook(kind, value, traceback, previous=sys.excepthook) -> None:
-    if id(value) in _quiet:
-        return
+    if id(value) not in _recorded and not isinstance(value, KeyboardInterrupt):
+        # An error no trainer caught (a config function's, torchtitan's before the trainer): recorded too.
+        record_stop(value, user_error=isinstance(value, UserInputError))
+    if _recorded.get(id(value)) and not os.environ.get(SHOW_TRACEBACK_ENV):
+        return  # a user error: its one line was said; the traceback stays in the error file
     previous(kind, value, traceback)
 
 
-def _stop(error: BaseException, user_error: bool) -> None:
-    """Record ``error`` in torchelastic's error file, and say in one line that this rank stops."""
+def record_uncaught_errors() -> None:
+    """In a rank under torchrun (its error file set), every error that ends the process is recorded in
+    torchelastic's error file, as torchelastic's ``record`` does for an entry point decorated with it
+    (torchtitan's ``main`` is not). Called by every config function: the first code of ours a rank runs."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        sys.excepthook = _excepthook
+
+
+def record_stop(error: BaseException, user_error: bool) -> None:
+    """Record ``error`` in torchelastic's error file, and say on stderr in one line that this rank stops."""
     from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+    if id(error) in _recorded:
+        return
+    _recorded[id(error)] = user_error
     # Recorded as a plain UserInputError, so that its name says to the launcher whose it is to fix.
     ErrorHandler().record_exception(UserInputError(str(error)) if user_error else error)
     kind = "" if user_error else f"internal error: {type(error).__name__}: "
     reason = (str(error).strip().splitlines() or [""])[0]
     print(f"{STOPPED}{kind}{reason}", file=sys.stderr, flush=True)
-    if user_error and not os.environ.get(SHOW_TRACEBACK_ENV):
-        _quiet.add(id(error))
-        sys.excepthook = _excepthook
     if user_error:
+        sys.excepthook = _excepthook  # its traceback is not printed
         _no_restart()
 
 
@@ -259,7 +250,7 @@ def rank_errors(config: Callable[[], object]) -> Iterator[None]:
     try:
         yield
     except UserInputError as error:
-        _stop(error, user_error=True)
+        record_stop(error, user_error=True)
         raise
     except (KeyboardInterrupt, SystemExit):
         raise
@@ -267,7 +258,7 @@ def rank_errors(config: Callable[[], object]) -> Iterator[None]:
         run = config()
         translated = translate(error, str(run.dump_folder), getattr(run.hf, "model_dir", None))
         if translated is None:
-            _stop(error, user_error=False)
+            record_stop(error, user_error=False)
             raise
-        _stop(translated, user_error=True)
+        record_stop(translated, user_error=True)
         raise translated from None

@@ -7,10 +7,11 @@
     [train] verify:     uv run verify-checkpoint outputs/native-debug/hf/step-30
     [train] load:       uv run python -c "import transformers as t; ..."
 
-Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher it writes it
-as JSON beside its torchelastic error file (``launcher.rank_errors.launcher_dir``), and the launcher prints it
-after torchrun and every rank have finished, with the command the user typed and the wall time; under a bare
-``torchrun`` the rank logs the same lines itself. Nothing here imports torch: the launcher reads it.
+Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher it goes into
+the node's :class:`RunRecord`, the one file a rank leaves for the launcher beside its torchelastic error file,
+and the launcher prints it after torchrun and every rank have finished, with the command the user typed and
+the wall time; under a bare ``torchrun`` the rank logs the same lines itself. Nothing here imports torch: the
+launcher reads it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"
 
 
 @dataclass(frozen=True)
@@ -52,18 +53,41 @@ class RunSummary:
     converted: str | None = None  # --hf.to_dcp: the torchtitan checkpoint written, no step trained
     source: str | None = None  # ... from this Hugging Face directory
 
-    def write(self, path: str | os.PathLike) -> None:
-        """Atomically: the launcher reads a complete file or none."""
-        target = Path(path)
-        partial = target.with_name(target.name + ".partial")
-        partial.write_text(json.dumps(asdict(self)))
-        partial.replace(target)
+
+@dataclass
+class RunRecord:
+    """What a node's first local rank leaves for the ``train`` launcher, in one file beside its torchelastic
+    error file, rewritten whole as the run goes: where the run writes (once its checks passed), the last step
+    its metrics logged, and rank 0's summary at the end. The launcher reads it once, after torchrun returns
+    (the log's folder, an interruption's step, the summary). Outside the launcher nothing is written."""
+
+    dump_folder: str
+    checkpoint_folder: str
+    last_step: int | None = None
+    summary: RunSummary | None = None
+
+    def save(self) -> None:
+        """Atomically, so that the launcher reads a complete file or none; a file that cannot be written (its
+        disk full) leaves the previous one: the run goes on, and its last line has less to say."""
+        from qwen3_titan_common.launcher.rank_errors import launcher_dir
+
+        where = launcher_dir()
+        if where is None or os.environ.get("LOCAL_RANK", "0") != "0":
+            return
+        partial = where / (RUN_FILE + ".partial")
+        try:
+            partial.write_text(json.dumps(asdict(self)))
+            partial.replace(where / RUN_FILE)
+        except OSError:
+            pass
 
     @classmethod
-    def read(cls, path: str | os.PathLike) -> RunSummary | None:
+    def read(cls, path: str | os.PathLike) -> RunRecord | None:
         try:
-            return cls(**json.loads(Path(path).read_text()))
-        except (OSError, ValueError, TypeError):
+            fields = json.loads(Path(path).read_text())
+            summary = fields.pop("summary", None)
+            return cls(**fields, summary=RunSummary(**summary) if summary else None)
+        except (OSError, ValueError, TypeError, AttributeError):
             return None
 
 
@@ -222,13 +246,13 @@ def converted_summary(trainer, converted: str | os.PathLike) -> RunSummary:
     )  # fmt: skip
 
 
-def report(summary: RunSummary, log) -> None:
-    """For the launcher to print, when one runs this rank, else to ``log`` (one call per line)."""
+def report(summary: RunSummary, record: RunRecord | None, log) -> None:
+    """Into ``record`` for the launcher to print, when one runs this rank, else to ``log`` (one call per line)."""
     from qwen3_titan_common.launcher.rank_errors import launcher_dir
 
-    where = launcher_dir()
-    if where is not None:
-        summary.write(where / SUMMARY_FILE)
+    if record is not None and launcher_dir() is not None:
+        record.summary = summary
+        record.save()
         return
     for line in summary_lines(summary):
         log(f"[summary] {line}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.arch.published import PUBLISHED_CONFIG_FUNCTIONS, published_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir
+from qwen3_titan_common.launcher.rank_errors import record_uncaught_errors
 from qwen3_titan_common.train.config import (
     RunShape,
     build_trainer_config,
@@ -49,6 +50,7 @@ class BackendConfigs:
     def config(
         self, arch: Qwen3Architecture, name: str, shape: RunShape, hf: HFCheckpointConfig | None = None
     ) -> Qwen3Trainer.Config:
+        record_uncaught_errors()
         config = build_trainer_config(
             arch, name, self.model_spec_builder, assets_path=default_tokenizer_dir(), shape=shape, hf=hf,
             trainer=self.trainer,

@@ -64,8 +64,8 @@ from qwen3_titan_common.errors import CheckpointError, UserInputError, first_lin
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
-from qwen3_titan_common.launcher.rank_errors import announce_restart, leave_run_folders, rank_errors
-from qwen3_titan_common.launcher.summary import converted_summary, report, summary_of
+from qwen3_titan_common.launcher.rank_errors import rank_errors
+from qwen3_titan_common.launcher.summary import RunRecord, converted_summary, report, summary_of
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
 from qwen3_titan_common.perf.progress import Phase
@@ -141,16 +141,19 @@ class Qwen3Trainer(Trainer):
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
         from qwen3_titan_common.train.dump_lock import hold_in_rank
 
-        announce_restart()
         quiet_what_does_not_apply(titan_utils.device_type, int(os.environ.get("WORLD_SIZE", "1")))
         with rank_errors(lambda: config):
             self._start, config = self.resolved_and_checked(config)
             set_progress_cadence(getattr(config.metrics, "progress_seconds", 5.0))
             self._dump_lock = hold_in_rank(config.dump_folder)
-            leave_run_folders(config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder))
+            self.run_record = RunRecord(
+                config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder)
+            )
+            self.run_record.save()
             config = self.resolve_cuda_graphs(config)
             super().__init__(config)
             self._initialise_alike_in_every_layout(config)
+        self.metrics_processor.run_record = self.run_record
         if isinstance(self.loss_fn, LMLossWithRouterBalance):
             # As torchtitan hands a chunked loss its lm_head: the routers it reads, the ranks it averages over.
             self.loss_fn.bind(
@@ -286,14 +289,14 @@ class Qwen3Trainer(Trainer):
                 self.checkpointer.load(step=self.config.checkpoint.load_step)
                 converted = self.checkpointer.save_weights_as_step_zero()
                 if not dist.is_initialized() or dist.get_rank() == 0:
-                    report(converted_summary(self, converted), logger.info)
+                    report(converted_summary(self, converted), self.run_record, logger.info)
                 return
             self._train_steps()
             export = None
             if self.config.hf.export:
                 export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
             if not dist.is_initialized() or dist.get_rank() == 0:
-                report(summary_of(self, export), logger.info)
+                report(summary_of(self, export), self.run_record, logger.info)
 
     def _train_steps(self) -> None:
         """The steps from the checkpoint (if any) to ``--training.steps``: torchtitan's loop, written here as its
