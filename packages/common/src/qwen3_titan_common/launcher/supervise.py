@@ -84,13 +84,13 @@ def _follow(proc: subprocess.Popen, log, show_all: bool, report: TorchrunReport)
     """Every line of torchrun's two streams into the log, in the order they arrive; stdout's shown too."""
     lines: queue.Queue[tuple[bool, str] | None] = queue.Queue()
 
-    def read(stream, shown: bool) -> None:
+    def read(stream, is_stdout: bool) -> None:
         for line in stream:
-            lines.put((shown, line))
+            lines.put((is_stdout, line))
         lines.put(None)
 
-    for stream, shown in ((proc.stdout, True), (proc.stderr, show_all)):
-        threading.Thread(target=read, args=(stream, shown), daemon=True).start()
+    for stream, is_stdout in ((proc.stdout, True), (proc.stderr, False)):
+        threading.Thread(target=read, args=(stream, is_stdout), daemon=True).start()
     open_streams = 2
     while open_streams:
         try:  # a timeout, so that the main thread runs the signal handlers while it waits
@@ -100,13 +100,13 @@ def _follow(proc: subprocess.Popen, log, show_all: bool, report: TorchrunReport)
         if item is None:
             open_streams -= 1
             continue
-        shown, line = item
+        is_stdout, line = item
         _write(log, line)
-        if shown:
+        if not is_stdout:
+            report.feed(line)
+        if is_stdout or show_all:
             sys.stdout.write(line)
             sys.stdout.flush()  # keep the output live when it goes to a pipe or a file
-        else:
-            report.feed(line)
 
 
 def _write(log, line: str) -> None:
