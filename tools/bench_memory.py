@@ -1,6 +1,7 @@
 """Benchmark: the dry run's memory estimate against the peak a real run measures, one row per setting.
 
     uv run python tools/bench_memory.py [--quick] [--json FILE]
+    uv run python tools/bench_memory.py --growth [--json FILE]
 
 Each row runs ``train --dry-run`` (rank 0's estimate: torch's memory tracker over two fake steps, plus the
 process's own memory on the CPU, ``perf.memory``) and then the same command for real, three steps (the
@@ -12,6 +13,12 @@ The rows: the debug configs (dense and MoE), and a real-width Qwen3 (Qwen3-0.6B'
 151,936-token vocabulary, cut to 4 and 8 layers, written by transformers' ``save_pretrained`` in bf16 as the
 published weights are) at batch 1-8 and seq 256-1024, with and without activation checkpointing, on 1 and 2
 ranks. The machine's 2 cores set the sizes: a real-width step of 4,096 tokens takes about a minute.
+
+``--growth`` measures instead whether a long run's peak levels off: the debug MoE (the experts' row counts change
+every step) for 60 steps, its peak at step 10 against step 60. Target: under 2 MiB a step after step 10 (the
+CPU's grouped GEMMs once grew it by ~27 MiB a step, one oneDNN primitive per row count). The host RSS is a
+high-water mark that glibc's heap and the routing of a step move by tens of MiB, so a test's dozen steps cannot
+tell this apart from noise; sixty steps can.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 TRAIN = str(Path(sys.executable).with_name("train"))
 TARGET = 0.15
 STEPS = 3
+GROWTH_STEPS, GROWTH_FROM, GROWTH_TARGET_MIB = 60, 10, 2.0
 _ESTIMATE = re.compile(r"total ~([0-9.]+) GiB")
 _KINDS = re.compile(r"GiB: (.*?); total")
 # Qwen3-0.6B's shape (config.json of Qwen/Qwen3-0.6B), cut to fewer layers.
@@ -117,13 +125,54 @@ def run_row(package: str, args: list[str], work: Path) -> dict:
     }
 
 
+def growth_row(work: Path) -> dict:
+    """The debug MoE's peak at step GROWTH_FROM and at its last step, and the growth per step between them."""
+    from qwen3_titan_common.perf.train_log import parse_step_lines
+
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "nki-moe-backend"}
+    out = work / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    real = subprocess.run(
+        [TRAIN, "--steps", str(GROWTH_STEPS), *QUIET, "--out", str(out)],
+        env=env, capture_output=True, text=True, cwd=work,
+    )  # fmt: skip
+    peaks = {line.step: line.memory_gib for line in parse_step_lines(real.stdout + real.stderr)}
+    if real.returncode != 0 or len(peaks) < GROWTH_STEPS:
+        raise RuntimeError(f"run failed ({real.returncode}):\n{(real.stdout + real.stderr)[-3000:]}")
+    start, end = peaks[GROWTH_FROM], peaks[GROWTH_STEPS]
+    return {
+        "row": f"debug MoE, steps {GROWTH_FROM} to {GROWTH_STEPS}",
+        "peak_start_gib": start,
+        "peak_end_gib": end,
+        "mib_per_step": round((end - start) * 1024 / (GROWTH_STEPS - GROWTH_FROM), 2),
+    }
+
+
+def main_growth(json_path: Path | None) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = growth_row(Path(tmp))
+    print("| row | peak at start GiB | peak at end GiB | growth MiB / step | under target |")
+    print("|---|---|---|---|---|")
+    ok = result["mib_per_step"] < GROWTH_TARGET_MIB
+    print(
+        f"| {result['row']} | {result['peak_start_gib']:.2f} | {result['peak_end_gib']:.2f} "
+        f"| {result['mib_per_step']:.2f} | {'yes' if ok else '**no**'} (< {GROWTH_TARGET_MIB}) |"
+    )
+    if json_path:
+        json_path.write_text(json.dumps([result], indent=1))
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="the first four rows only")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    parser.add_argument("--growth", action="store_true", help="whether a 60-step MoE run's peak levels off")
     opts = parser.parse_args()
+    if opts.growth:
+        return main_growth(opts.json)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
