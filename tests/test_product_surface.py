@@ -1,5 +1,5 @@
-"""What the product shares with the ranks beyond their config (four environment variables), and modules
-sized to a concern rather than to one function."""
+"""What the product reads from the environment (three variables: the rest reaches a rank in its config), and
+modules sized to a concern rather than to one function."""
 
 from __future__ import annotations
 
@@ -7,16 +7,15 @@ import re
 from pathlib import Path
 
 SOURCES = Path(__file__).resolve().parents[1] / "packages"
-# The device, the backend, tracebacks shown live, and the command as typed (for the model cards).
+# The device, the backend, and tracebacks shown live: a user's switches, for the launcher and a bare torchrun alike.
 PRODUCT_VARIABLES = {
     "QWEN3_TITAN_DEVICE",
     "QWEN3_TITAN_BACKEND",
     "QWEN3_TITAN_SHOW_TRACEBACK",
-    "QWEN3_TITAN_COMMAND",
 }
 
 
-def test_the_product_reads_only_its_four_variables():
+def test_the_product_reads_only_its_three_variables():
     found = set()
     for path in SOURCES.glob("*/src/**/*.py"):
         if "qwen3_titan_testing" in path.parts:

@@ -45,7 +45,9 @@ def first_step_seconds(train: Path, work: Path) -> float:
 
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {"QWEN3_TITAN_BACKEND": "native-backend"}
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"} | {
+        "QWEN3_TITAN_BACKEND": "native-backend"
+    }
     start = time.perf_counter()
     proc = subprocess.Popen(
         [str(train), "--training.steps", "1", "--dump_folder", str(work / "out")],
@@ -62,7 +64,9 @@ def first_step_seconds(train: Path, work: Path) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the git revision to compare with")
     parser.add_argument("--pairs", type=int, default=5, help="interleaved pairs of runs (default 5)")
     parser.add_argument("--json", type=Path, default=None, help="write the pairs here too")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-from qwen3_titan_common.launcher.summary import RunSummary, summary_lines, with_steps
+from qwen3_titan_common.launcher.summary import RunSummary, report, summary_lines, with_steps
 from qwen3_titan_common.perf.progress import Phase, format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
 from qwen3_titan_common.perf.train_log import parse_step_lines
@@ -149,16 +150,24 @@ def test_a_run_from_another_model_dir_gets_its_own_default_folder(tmp_path):
 
 def test_the_run_record_is_what_the_launcher_reads_after_torchrun(tmp_path, monkeypatch):
     """A node's first local rank rewrites one file as the run goes (folders, the last step, the summary);
-    its other ranks, and a rank outside the launcher, write none."""
-    from qwen3_titan_common.launcher.summary import RUN_FILE, RunRecord, RunSummary
+    its other ranks, and a rank the launcher did not start (its config names no launcher command), write none."""
+    from qwen3_titan_common.launcher.summary import RUN_FILE, LauncherOptions, RunRecord, RunSummary
 
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
-    monkeypatch.setenv("QWEN3_TITAN_COMMAND", "train --steps 30")
     monkeypatch.setenv("LOCAL_RANK", "0")
-    record = RunRecord(dump_folder="out", checkpoint_folder="out/checkpoint")
+    launched = LauncherOptions(command="train --steps 30")
+    record = RunRecord.of_rank(launched, dump_folder="out", checkpoint_folder="out/checkpoint")
+    assert record.folder == tmp_path
     assert RunRecord.read(tmp_path / RUN_FILE) is None  # none yet
     record.save()
     assert RunRecord.read(tmp_path / RUN_FILE) == record
+    # Where it is written is not part of it.
+    assert set(json.loads((tmp_path / RUN_FILE).read_text())) == {
+        "dump_folder",
+        "checkpoint_folder",
+        "last_step",
+        "summary",
+    }
     record.last_step = 27
     record.summary = RunSummary(
         first_step=1, last_step=27, total_steps=30, tokens=10, train_seconds=1.0, tokens_per_second=10.0,
@@ -166,11 +175,16 @@ def test_the_run_record_is_what_the_launcher_reads_after_torchrun(tmp_path, monk
     )  # fmt: skip
     record.save()
     assert RunRecord.read(tmp_path / RUN_FILE) == record
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    record.last_step = 28
-    record.save()
-    assert RunRecord.read(tmp_path / RUN_FILE).last_step == 27
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.delenv("QWEN3_TITAN_COMMAND")  # a bare torchrun: nobody reads it
-    record.save()
-    assert RunRecord.read(tmp_path / RUN_FILE).last_step == 27
+    lines = []
+    report(record.summary, record, lines.append)
+    assert lines == []  # the launcher prints it
+    for other_rank, launcher in (("1", launched), ("0", LauncherOptions())):
+        monkeypatch.setenv("LOCAL_RANK", other_rank)
+        other = RunRecord.of_rank(launcher, dump_folder="out", checkpoint_folder="out/checkpoint")
+        assert other.folder is None
+        other.last_step = 28
+        other.save()
+        assert RunRecord.read(tmp_path / RUN_FILE).last_step == 27
+    # A bare torchrun: the rank logs its summary itself.
+    report(record.summary, other, lines.append)
+    assert lines[0].startswith("[summary] done: steps 1-27 of 30")

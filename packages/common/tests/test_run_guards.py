@@ -101,11 +101,7 @@ def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_trace
         "with rank_errors(lambda: SimpleNamespace(dump_folder='.', hf=None)):\n"
         "    raise UserInputError('d.jsonl:9: bad')\n"
     )
-    env = {
-        **os.environ,
-        "TORCHELASTIC_ERROR_FILE": str(rank_dir / "error.json"),
-        "QWEN3_TITAN_COMMAND": "train",
-    }
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(rank_dir / "error.json")}
     env.pop("QWEN3_TITAN_SHOW_TRACEBACK", None)
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 1

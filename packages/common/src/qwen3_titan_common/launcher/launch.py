@@ -26,7 +26,7 @@ from qwen3_titan_common.launcher.plan import (
     check_model_dir,
     plan_launch,
 )
-from qwen3_titan_common.launcher.rank_errors import COMMAND_ENV, SHOW_TRACEBACK_ENV
+from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV
 from qwen3_titan_common.launcher.summary import summary_lines
 from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 
@@ -116,11 +116,11 @@ def _train(plan: LaunchPlan, argv: list[str], *, show_traceback: bool) -> int:
 
 
 def _run(plan: LaunchPlan, command: list[str], show_traceback: bool):
-    """torchrun for ``plan``: its exit code and the summary rank 0 left. ``command``: as the user typed it,
-    for the exports' model cards (train.run_card); its presence tells the ranks the launcher reads them."""
+    """torchrun for ``plan``: its exit code and the summary rank 0 left. ``command``: as the user typed it, which
+    the ranks' config takes as ``--launcher.command`` (launcher.summary.LauncherOptions)."""
     raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
-    torchrun = [torchrun_executable(), *plan.command()[1:]]
-    env = {**os.environ, **plan.env_updates, COMMAND_ENV: shlex.join(command)}
+    torchrun = [torchrun_executable(), *plan.command()[1:], "--launcher.command", shlex.join(command)]
+    env = {**os.environ, **plan.env_updates}
     return run_torchrun(torchrun, env, shown_env=plan.env_updates, show_tracebacks=show_traceback)
 
 

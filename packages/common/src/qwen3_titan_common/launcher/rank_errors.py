@@ -30,9 +30,6 @@ from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 STOPPED = "[stopped] "
 USER_ERROR = "UserInputError: "  # how torchelastic's error file begins the message of a user error
 SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
-# Set by the launcher for its ranks: the command the user typed, for the exports' model cards
-# (train.run_card); its presence also says the launcher reads what the ranks leave beside their error files.
-COMMAND_ENV = "QWEN3_TITAN_COMMAND"
 
 _NON_FINITE_LOSS = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 _NOT_WRITABLE = {
@@ -175,14 +172,6 @@ def _unboxed(lines: list[str]) -> list[str]:
         inner = line.strip().strip("│").strip()
         plain.append("-" * 20 if inner.startswith("───") else inner)
     return [*plain, "-" * 20]
-
-
-def launcher_dir() -> Path | None:
-    """This rank's folder under torchrun's ``--log-dir`` when the ``train`` launcher reads it, else None."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not error_file or not os.environ.get(COMMAND_ENV):
-        return None
-    return Path(error_file).parent
 
 
 _recorded: dict[int, bool] = {}  # id of each error this rank recorded -> whether it is a user error

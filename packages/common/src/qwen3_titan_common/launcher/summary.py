@@ -7,11 +7,11 @@
     [train] verify:     uv run verify-checkpoint outputs/native-debug/hf/step-30
     [train] load:       uv run python -c "import transformers as t; ..."
 
-Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher it goes into
-the node's :class:`RunRecord`, the one file a rank leaves for the launcher beside its torchelastic error file,
-and the launcher prints it after torchrun and every rank have finished, with the command the user typed and
-the wall time; under a bare ``torchrun`` the rank logs the same lines itself. Nothing here imports torch: the
-launcher reads it.
+Rank 0 builds a :class:`RunSummary` after the last step and export. Under the ``train`` launcher (which passes
+the command the user typed as the config's ``--launcher.command``, :class:`LauncherOptions`) it goes into the
+node's :class:`RunRecord`, the one file a rank leaves for the launcher beside its torchelastic error file, and the
+launcher prints it after torchrun and every rank have finished, with the wall time; under a bare ``torchrun``
+the rank logs the same lines itself. Nothing here imports torch: the launcher reads it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 RUN_FILE = "run.json"
@@ -54,6 +54,14 @@ class RunSummary:
     source: str | None = None  # ... from this Hugging Face directory
 
 
+@dataclass(kw_only=True, slots=True)
+class LauncherOptions:
+    command: str = ""
+    """The command the user typed, which the ``train`` launcher passes to its ranks: the exports' model cards
+    and the summary's resume line repeat it, and a rank the launcher started leaves its summary for the launcher
+    to print. Empty under a bare ``torchrun``."""
+
+
 @dataclass
 class RunRecord:
     """What a node's first local rank leaves for the ``train`` launcher, in one file beside its torchelastic
@@ -65,19 +73,28 @@ class RunRecord:
     checkpoint_folder: str
     last_step: int | None = None
     summary: RunSummary | None = None
+    # Where this rank writes the record (not part of it): None when no launcher reads one.
+    folder: Path | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def of_rank(cls, launcher: LauncherOptions, dump_folder: str, checkpoint_folder: str) -> RunRecord:
+        """This rank's record: written beside torchelastic's error file (which torchrun names for each rank) on a
+        node's first local rank when the ``train`` launcher started the job."""
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        reads = bool(launcher.command and error_file) and os.environ.get("LOCAL_RANK", "0") == "0"
+        return cls(dump_folder, checkpoint_folder, folder=Path(error_file).parent if reads else None)
 
     def save(self) -> None:
         """Atomically, so that the launcher reads a complete file or none; a file that cannot be written (its
         disk full) leaves the previous one: the run goes on, and its last line has less to say."""
-        from qwen3_titan_common.launcher.rank_errors import launcher_dir
-
-        where = launcher_dir()
-        if where is None or os.environ.get("LOCAL_RANK", "0") != "0":
+        if self.folder is None:
             return
-        partial = where / (RUN_FILE + ".partial")
+        fields = asdict(self)
+        fields.pop("folder")
+        partial = self.folder / (RUN_FILE + ".partial")
         try:
-            partial.write_text(json.dumps(asdict(self)))
-            partial.replace(where / RUN_FILE)
+            partial.write_text(json.dumps(fields))
+            partial.replace(self.folder / RUN_FILE)
         except OSError:
             pass
 
@@ -248,9 +265,7 @@ def converted_summary(trainer, converted: str | os.PathLike) -> RunSummary:
 
 def report(summary: RunSummary, record: RunRecord | None, log) -> None:
     """Into ``record`` for the launcher to print, when one runs this rank, else to ``log`` (one call per line)."""
-    from qwen3_titan_common.launcher.rank_errors import launcher_dir
-
-    if record is not None and launcher_dir() is not None:
+    if record is not None and record.folder is not None:
         record.summary = summary
         record.save()
         return

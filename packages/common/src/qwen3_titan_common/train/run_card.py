@@ -1,12 +1,11 @@
 """A run's facts for its exports' model cards (``hf.model_card``): where the weights came from, how they trained.
 
 The command line is the one the user typed, which the ``train`` launcher passes to the ranks
-(:data:`COMMAND_ENV`); under a bare ``torchrun`` it is the rank's own ``-m torchtitan.train`` arguments.
+(``--launcher.command``); under a bare ``torchrun`` it is the rank's own ``-m torchtitan.train`` arguments.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import sys
@@ -15,7 +14,6 @@ import torch
 
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.model_card import CardFacts, model_card, source_hub_id
-from qwen3_titan_common.launcher.rank_errors import COMMAND_ENV
 
 _HUB_DOWNLOAD = re.compile(r"\bhf download (\S+)")
 
@@ -43,10 +41,8 @@ def _data(config) -> str:
     return f"`{dataset}`" + (f" ({fmt})" if fmt != "auto" else "")
 
 
-def _command() -> str:
-    return os.environ.get(COMMAND_ENV) or shlex.join(
-        ["torchrun", "...", "-m", "torchtitan.train", *sys.argv[1:]]
-    )
+def _command(config) -> str:
+    return config.launcher.command or shlex.join(["torchrun", "...", "-m", "torchtitan.train", *sys.argv[1:]])
 
 
 def run_card(trainer, step: int) -> str:
@@ -74,6 +70,6 @@ def run_card(trainer, step: int) -> str:
         loss=progress.final_loss,
         loss_step=progress.last_step,
         dtype=str(trainer.checkpointer.hf_export.dtype).removeprefix("torch."),
-        command=_command(),
+        command=_command(config),
     )
     return str(model_card(facts))

@@ -65,7 +65,13 @@ from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
 from qwen3_titan_common.launcher.rank_errors import rank_errors
-from qwen3_titan_common.launcher.summary import RunRecord, converted_summary, report, summary_of
+from qwen3_titan_common.launcher.summary import (
+    LauncherOptions,
+    RunRecord,
+    converted_summary,
+    report,
+    summary_of,
+)
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
 from qwen3_titan_common.perf.progress import Phase
@@ -121,6 +127,7 @@ class Qwen3Trainer(Trainer):
         hf: HFCheckpointConfig = field(default_factory=HFCheckpointConfig)
         lora: LoRAOptions = field(default_factory=LoRAOptions)
         moe: MoEOptions = field(default_factory=MoEOptions)
+        launcher: LauncherOptions = field(default_factory=LauncherOptions)
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
@@ -146,8 +153,8 @@ class Qwen3Trainer(Trainer):
             self._start, config = self.resolved_and_checked(config)
             set_progress_cadence(getattr(config.metrics, "progress_seconds", 5.0))
             self._dump_lock = hold_in_rank(config.dump_folder)
-            self.run_record = RunRecord(
-                config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder)
+            self.run_record = RunRecord.of_rank(
+                config.launcher, config.dump_folder, str(Path(config.dump_folder) / config.checkpoint.folder)
             )
             self.run_record.save()
             config = self.resolve_cuda_graphs(config)
