@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.launcher.dispatch import choose_backend, installed_backends
+from qwen3_titan_common.launcher.plan import read_command_line
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 
@@ -38,12 +39,12 @@ def installed(monkeypatch):
     ],
 )
 def test_the_config_name_picks_its_backend(installed, argv, expected):
-    backend, why = choose_backend(installed, argv)
+    backend, why = choose_backend(installed, read_command_line(argv))
     assert backend is not None and backend.distribution == expected, why
 
 
 def test_a_name_two_backends_provide_is_an_error_that_lists_them(installed):
-    backend, why = choose_backend(installed, ["--config", "debug_moe"])
+    backend, why = choose_backend(installed, read_command_line(["--config", "debug_moe"]))
     assert backend is None
     assert (
         "--config debug_moe is provided by several installed backends (hf-v5-backend, nki-moe-backend)" in why
@@ -51,10 +52,12 @@ def test_a_name_two_backends_provide_is_an_error_that_lists_them(installed):
 
 
 def test_a_name_no_backend_provides_lists_what_they_do(installed):
-    backend, why = choose_backend(installed, ["--config", "qwen3_9000b"])
+    backend, why = choose_backend(installed, read_command_line(["--config", "qwen3_9000b"]))
     assert backend is None and "--config qwen3_9000b: no installed backend provides" in why
     assert "native-backend: debug, qwen3_0_6b" in why
-    backend, why = choose_backend(installed, ["--module", "neuron_qwen3", "--config", "debug"])
+    backend, why = choose_backend(
+        installed, read_command_line(["--module", "neuron_qwen3", "--config", "debug"])
+    )
     assert backend is None and "not a recipe name of neuron_qwen3" in why and "v5_qwen3_4b" in why
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_common.launcher.launch import run
-from qwen3_titan_common.launcher.plan import Backend, LaunchError, plan_launch
+from qwen3_titan_common.launcher.plan import Backend, LaunchError, plan_launch, read_command_line
 from qwen3_titan_common.runtime.neuron_env import NEURON_ENV_DEFAULTS, neuron_env_updates
 
 NATIVE = Backend(distribution="native-backend", module="qwen3_titan_native")
@@ -101,14 +101,17 @@ def test_backend_env_variable_wins(monkeypatch):
     from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.setenv("QWEN3_TITAN_BACKEND", "hf-v5-backend")
-    assert choose_backend(BACKENDS, ["--module", "qwen3_titan_native"])[0].distribution == "hf-v5-backend"
+    assert (
+        choose_backend(BACKENDS, read_command_line(["--module", "qwen3_titan_native"]))[0].distribution
+        == "hf-v5-backend"
+    )
 
 
 def test_unknown_backend_env_variable_is_named(monkeypatch):
     from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.setenv("QWEN3_TITAN_BACKEND", "tpu-backend")
-    backend, why = choose_backend(BACKENDS, [])
+    backend, why = choose_backend(BACKENDS, read_command_line([]))
     assert (
         backend is None
         and "QWEN3_TITAN_BACKEND=tpu-backend" in why
@@ -120,14 +123,17 @@ def test_module_flag_selects_its_backend(monkeypatch):
     from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
-    assert choose_backend(BACKENDS, ["--module=qwen3_titan_hf_v5"])[0].distribution == "hf-v5-backend"
+    assert (
+        choose_backend(BACKENDS, read_command_line(["--module=qwen3_titan_hf_v5"]))[0].distribution
+        == "hf-v5-backend"
+    )
 
 
 def test_several_backends_and_no_choice_is_an_error_that_says_how(monkeypatch):
     from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
-    backend, why = choose_backend(BACKENDS, ["--training.steps", "3"])
+    backend, why = choose_backend(BACKENDS, read_command_line(["--training.steps", "3"]))
     assert backend is None and "uv run --package NAME train" in why
 
 
@@ -135,7 +141,7 @@ def test_a_single_installed_backend_needs_no_choice(monkeypatch):
     from qwen3_titan_common.launcher.dispatch import choose_backend
 
     monkeypatch.delenv("QWEN3_TITAN_BACKEND", raising=False)
-    assert choose_backend({"native-backend": NATIVE}, [])[0] is NATIVE
+    assert choose_backend({"native-backend": NATIVE}, read_command_line([]))[0] is NATIVE
 
 
 def test_uv_run_package_is_read_from_the_parent_process(tmp_path):

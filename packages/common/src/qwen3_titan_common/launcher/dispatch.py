@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 
 from qwen3_titan_common.launcher.config_names import list_config_functions
-from qwen3_titan_common.launcher.plan import Backend, flag_value
+from qwen3_titan_common.launcher.plan import Backend, CommandLine
 
 BACKENDS_GROUP = "qwen3_titan.backends"
 BACKEND_ENV = "QWEN3_TITAN_BACKEND"
@@ -111,15 +111,16 @@ def _config_names(installed: dict[str, Backend]) -> str:
     return "; ".join(listed)
 
 
-def choose_backend(installed: dict[str, Backend], argv: list[str]) -> tuple[Backend | None, str]:
-    """(backend, how it was chosen) or (None, why none could be)."""
+def choose_backend(installed: dict[str, Backend], line: CommandLine) -> tuple[Backend | None, str]:
+    """(backend, how it was chosen) or (None, why none could be), from the command line's ``--module`` and
+    ``--config`` and the environment."""
+    module, config = line.opts.module, line.opts.config
     from_env = os.environ.get(BACKEND_ENV)
     if from_env:
         if from_env in installed:
             return installed[from_env], f"{BACKEND_ENV}={from_env}"
         known = ", ".join(installed) or "none"
         return None, f"{BACKEND_ENV}={from_env}: not an installed backend (installed: {known})"
-    module = flag_value(argv, "--module")
     modules = {b.module: b for b in installed.values()}
     if module in modules:
         return modules[module], f"--module {module}"
@@ -128,7 +129,6 @@ def choose_backend(installed: dict[str, Backend], argv: list[str]) -> tuple[Back
     if not installed:
         return None, "no backend package is installed: `uv run --package native-backend train`"
     from_uv = _uv_parent_package()
-    config = flag_value(argv, "--config")
     if config is not None:
         providers = config_providers(installed, module, config)
         if len(providers) == 1:

@@ -12,20 +12,17 @@ from __future__ import annotations
 import sys
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.launcher.plan import Backend, check_config_name, launcher_parser
+from qwen3_titan_common.launcher.plan import Backend, CommandLine, check_config_name, launcher_parser
 
 
-def print_help(backend: Backend, argv: list[str]) -> int:
-    parser = launcher_parser(backend)
-    opts, _ = parser.parse_known_args(argv)
-    parser.print_help()
-    print(
-        f"\ntorchtitan's flags for --module {opts.module} --config {opts.config} "
-        "(defaults: that config's values):\n"
-    )
+def print_help(backend: Backend, line: CommandLine) -> int:
+    launcher_parser(backend).print_help()
+    module = line.opts.module or backend.module
+    config = line.opts.config or backend.default_config
+    print(f"\ntorchtitan's flags for --module {module} --config {config} (defaults: that config's values):\n")
     sys.stdout.flush()
     try:
-        check_config_name(opts.module, opts.config)
+        check_config_name(module, config)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
@@ -34,7 +31,7 @@ def print_help(backend: Backend, argv: list[str]) -> int:
     # tyro names the program after argv[0], the console script's full path.
     program, sys.argv[0] = sys.argv[0], "train"
     try:
-        ConfigManager().parse_args(["--module", opts.module, "--config", opts.config, "--help"])
+        ConfigManager().parse_args(["--module", module, "--config", config, "--help"])
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else 0
     finally:

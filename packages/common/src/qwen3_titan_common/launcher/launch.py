@@ -21,10 +21,12 @@ from qwen3_titan_common.launcher.dispatch import choose_backend, installed_backe
 from qwen3_titan_common.launcher.interrupts import interrupted, notice_interrupts, raise_if_interrupted
 from qwen3_titan_common.launcher.plan import (
     Backend,
+    CommandLine,
     LaunchPlan,
     check_config_name,
     check_model_dir,
     plan_launch,
+    read_command_line,
 )
 from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV
 from qwen3_titan_common.launcher.summary import summary_lines
@@ -42,15 +44,22 @@ def _list_configs(module: str) -> int:
     return 0
 
 
-def run(backend: Backend, argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "-h" in argv or "--help" in argv:
+def run(backend: Backend, line: CommandLine | list[str] | None = None) -> int:
+    """``train`` with ``backend`` for ``line`` (a raw argv is parsed here; None: this process's own)."""
+    try:
+        if not isinstance(line, CommandLine):
+            line = read_command_line(list(sys.argv[1:] if line is None else line))
+    except UserInputError as err:
+        print(f"train: {err}", file=sys.stderr)
+        return 2
+    argv = line.argv
+    if line.opts.help:
         from qwen3_titan_common.launcher.help import print_help
 
-        return print_help(backend, argv)
+        return print_help(backend, line)
     notice_interrupts()
     try:
-        opts, plan = plan_launch(backend, argv)
+        opts, plan = plan_launch(backend, line)
         if opts.list_configs:
             return _list_configs(plan.module)
         check_config_name(plan.module, plan.config)
@@ -132,13 +141,17 @@ def _interrupted_before_any_rank() -> int:
 def main() -> None:
     """The shared ``train`` console script (also ``python -m qwen3_titan_common.launcher.launch``): choose the
     backend (``dispatch``), then run it."""
-    argv = sys.argv[1:]
-    backend, why = choose_backend(installed_backends(), argv)
+    try:
+        line = read_command_line(sys.argv[1:])
+    except UserInputError as err:
+        print(f"train: {err}", file=sys.stderr)
+        sys.exit(2)
+    backend, why = choose_backend(installed_backends(), line)
     if backend is None:
         print(f"train: {why}", file=sys.stderr)
         sys.exit(2)
     print(f"[train] backend: {backend.distribution} ({why})", file=sys.stderr)
-    sys.exit(run(backend, argv))
+    sys.exit(run(backend, line))
 
 
 if __name__ == "__main__":

@@ -89,8 +89,8 @@ class LaunchPlan:
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag VALUE`` or ``flag=VALUE`` in a raw command line (the last one wins, as in
-    argparse): the backend is chosen from ``--config`` before it is known which parser applies."""
+    """The value of torchtitan's ``flag VALUE`` or ``flag=VALUE`` among the flags passed through to the ranks
+    (the last one wins, as in tyro), for the checks made before any rank parses them."""
     value = None
     for i, arg in enumerate(argv):
         if arg == flag and i + 1 < len(argv):
@@ -100,6 +100,22 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class CommandLine:
+    """``train``'s command line, parsed once (:func:`read_command_line`): the launcher's flags, and the rest,
+    which go to torchtitan unchanged. ``opts.module`` and ``opts.config`` are None when not given (the
+    backend, chosen from them, supplies its defaults)."""
+
+    argv: list[str]
+    opts: argparse.Namespace
+    passthrough: list[str]
+
+
+def read_command_line(argv: list[str]) -> CommandLine:
+    opts, passthrough = launcher_parser().parse_known_args(argv)
+    return CommandLine(list(argv), opts, passthrough)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints its usage and then the error; the launcher's errors are one line."""
 
@@ -107,12 +123,13 @@ class _OneLineParser(argparse.ArgumentParser):
         raise LaunchError(f"{message} (train --help lists the launcher's flags)")
 
 
-def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
+def launcher_parser(backend: Backend | None = None) -> argparse.ArgumentParser:
+    """The launcher's flags; ``backend`` (the chosen one) only words the help."""
+    chosen = f"the {backend.distribution} (torchtitan --module {backend.module})" if backend else "a backend"
     p = _OneLineParser(
         prog="train",
         description=(
-            f"Train Qwen3 with the {backend.distribution} (torchtitan --module {backend.module}). "
-            "Flags not listed here go to torchtitan unchanged, e.g. --training.steps 5."
+            f"Train Qwen3 with {chosen}. Flags not listed here go to torchtitan unchanged, e.g. --training.steps 5."
         ),
         allow_abbrev=False,
         # --help shows torchtitan's flags of the chosen config too (launcher.help).
@@ -121,12 +138,9 @@ def launcher_parser(backend: Backend) -> argparse.ArgumentParser:
     p.add_argument(
         "-h", "--help", action="store_true", help="show the launcher's and torchtitan's flags and exit"
     )
-    p.add_argument("--module", default=backend.module, help=f"torchtitan module (default: {backend.module})")
-    p.add_argument(
-        "--config",
-        default=backend.default_config,
-        help=f"config function (default: {backend.default_config})",
-    )
+    module, config = (backend.module, backend.default_config) if backend else ("the backend's",) * 2
+    p.add_argument("--module", default=None, help=f"torchtitan module (default: {module})")
+    p.add_argument("--config", default=None, help=f"config function (default: {config})")
     p.add_argument("--print-cmd", action="store_true", help="print the equivalent torchrun command and exit")
     p.add_argument(
         "--list-configs", action="store_true", help="list this backend's config functions and exit"
@@ -260,8 +274,11 @@ def check_model_dir(titan_args: list[str]) -> None:
         check(value)
 
 
-def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, LaunchPlan]:
-    opts, passthrough = launcher_parser(backend).parse_known_args(argv)
+def plan_launch(backend: Backend, line: CommandLine | list[str]) -> tuple[argparse.Namespace, LaunchPlan]:
+    """The torchrun plan of ``line`` (or of a raw ``argv``, parsed here) for ``backend``."""
+    if not isinstance(line, CommandLine):
+        line = read_command_line(line)
+    opts, passthrough = line.opts, line.passthrough
     knobs = knob_flags(opts, passthrough)
     nnodes = _positive_int(_cluster_default(opts.nnodes, "NNODES", "SLURM_NNODES") or "1", "--nnodes")
     node_rank = int(_cluster_default(opts.node_rank, "NODE_RANK", "SLURM_NODEID") or "0")
@@ -290,8 +307,8 @@ def plan_launch(backend: Backend, argv: list[str]) -> tuple[argparse.Namespace, 
         nproc, device_kind = device.count, device.kind
         env_updates = neuron_env_updates() if device.kind == "neuron" else {}
     plan = LaunchPlan(
-        module=opts.module,
-        config=opts.config,
+        module=opts.module or backend.module,
+        config=opts.config or backend.default_config,
         nproc_per_node=nproc,
         nnodes=nnodes,
         node_rank=node_rank,
