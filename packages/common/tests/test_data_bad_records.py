@@ -319,3 +319,23 @@ def test_a_file_changed_while_the_run_reads_it_is_said_to_have_changed(tmp_path,
         DatasetError, match=rf"^{path}: changed since this run read it \(size [0-9,]+ -> [0-9,]+ bytes"
     ):
         list(batches)
+
+
+def test_special_token_texts_are_read_once_per_version_of_the_files(tmp_path, monkeypatch):
+    """Each dataloader asks for the special tokens' texts; the tokenizer's files are parsed once, and again
+    only when one of them changed."""
+    from qwen3_titan_common.data import tokens
+
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"added_tokens": [{"content": "<a>", "special": True}]})
+    )
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(tokens.json, "loads", lambda text: parsed.append(1) or real_loads(text))
+    assert tokens.special_token_texts(str(tmp_path)) == ("<a>",)
+    assert tokens.special_token_texts(str(tmp_path)) == ("<a>",)
+    assert len(parsed) == 1  # tokenizer.json; there is no tokenizer_config.json
+    config = {"added_tokens_decoder": {"7": {"content": "<a>", "special": False}}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert tokens.special_token_texts(str(tmp_path)) == ()  # the config's flag wins
+    assert len(parsed) == 3

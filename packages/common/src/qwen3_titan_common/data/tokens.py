@@ -8,6 +8,7 @@ still train plain text through ``encode``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +29,23 @@ def special_token_texts(tokenizer_dir: str | None) -> tuple[str, ...]:
     """
     if not tokenizer_dir:
         return ()
+    # Each dataloader (training, validation) asks; tokenizer.json is ~11 MB for Qwen3, so it is parsed once per
+    # process and version of the files.
+    return _special_token_texts(
+        str(tokenizer_dir),
+        *(_mtime(Path(tokenizer_dir) / n) for n in ("tokenizer.json", "tokenizer_config.json")),
+    )
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@functools.cache
+def _special_token_texts(tokenizer_dir: str, *_versions: int | None) -> tuple[str, ...]:
     special: dict[str, bool] = {}
     for name, entries in (
         ("tokenizer.json", lambda data: data.get("added_tokens") or []),
