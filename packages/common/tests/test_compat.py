@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import types
+from typing import Literal
 
 import pytest
 import torch
@@ -196,3 +197,45 @@ def test_the_cpu_flash_attention_kernel_is_sdpa_under_a_mask_forward_and_backwar
     grads = compat.cpu_flash_attention_backward(grad_out, q, k, v, out, lse, mask_B1LS=mask, scale=0.3)
     for ours, theirs in zip(grads, torch.autograd.grad(expected, (q, k, v), grad_out), strict=True):
         torch.testing.assert_close(ours, theirs)
+
+
+def test_tyros_parse_error_hook_raises_ours_with_what_it_refused():
+    from dataclasses import dataclass
+
+    import tyro
+
+    @dataclass
+    class Small:
+        steps: int = 1
+        dtype: Literal["bf16", "fp32"] = "fp32"
+
+    class Refused(Exception):
+        pass
+
+    undo = compat.raise_on_refused_command_line(lambda refused: Refused(refused))
+    assert undo is not None
+    try:
+        _refuse_each(tyro, Small, Refused)
+    finally:
+        undo()
+    with pytest.raises(SystemExit):  # tyro's own path again
+        tyro.cli(Small, args=["--stpes"])
+
+
+def _refuse_each(tyro, Small, Refused) -> None:
+    for args, kind, fields in (
+        (["--stpes", "3"], "unrecognized", {"tokens": ("--stpes", "3")}),
+        (["--steps", "x"], "invalid_value", {"flag": "--steps"}),
+        (["--steps"], "missing_value", {"flag": "--steps"}),
+        (
+            ["--dtype", "fp8"],
+            "invalid_choice",
+            {"flag": "--dtype", "value": "fp8", "choices": ("bf16", "fp32")},
+        ),
+    ):
+        with pytest.raises(Refused) as raised:
+            tyro.cli(Small, args=args)
+        refused = raised.value.args[0]
+        assert refused.kind == kind, (args, refused)
+        assert all(getattr(refused, name) == value for name, value in fields.items()), (args, refused)
+    assert tyro.cli(Small, args=["--steps", "4"]).steps == 4  # what parses is untouched

@@ -52,6 +52,9 @@ The seams:
   (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), called directly so that the
   block-sparse document attention (``models.document_blocks``) saves only its own inputs and recomputes the
   gathered keys in the backward; SDPA's public function would save each gathered copy.
+- :func:`raise_on_refused_command_line`: tyro's parse-error hook (``tyro._errors``, private in tyro
+  :data:`TYRO`), so that a rank records a refused flag in one line as it records every other error, instead of
+  tyro printing its box and exiting before any code of ours runs.
 """
 
 from __future__ import annotations
@@ -62,8 +65,9 @@ import math
 import os
 import resource
 import sys
-from collections.abc import Mapping
-from functools import cache
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache, partial
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
@@ -78,11 +82,11 @@ class UnsupportedUpstreamError(ImportError):
     """The installed torchtitan is not the one these seams were written against."""
 
 
-def _installed(name: str) -> str | None:
+def _installed(name: str, missing: str | None = None) -> str | None:
     try:
         return version(name)
     except PackageNotFoundError:
-        return None
+        return missing
 
 
 def check_versions() -> None:
@@ -451,3 +455,69 @@ def cpu_flash_attention_backward(grad_BHLD, q_BHLD, k_BHSD, v_BHSD, out_BHLD, ls
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_BHLD, q_BHLD, k_BHSD, v_BHSD, out_BHLD, lse_BHL, 0.0, False, attn_mask=mask_B1LS, scale=scale
     )
+
+
+# -- the command line torchtitan's parser refuses ------------------------------------------------------
+
+TYRO = "1.0"
+
+
+@dataclass(frozen=True)
+class RefusedCommandLine:
+    """What tyro refused, in our terms. ``kind``: "unrecognized" (``tokens`` it did not know), "invalid_choice"
+    (``value`` not among ``choices``), "invalid_value" (``message``: why the value did not convert),
+    "missing_value", "fixed" (a field the command line cannot set, given ``value``), or "other" (``message``,
+    tyro's own words). ``flag``: the flag as tyro spells it (``--training.mixed-precision-param``), if one."""
+
+    kind: str
+    flag: str | None = None
+    tokens: tuple[str, ...] = ()
+    value: str | None = None
+    choices: tuple[str, ...] = ()
+    message: str = ""
+
+
+def raise_on_refused_command_line(
+    error_of: Callable[[RefusedCommandLine], BaseException],
+) -> Callable[[], None] | None:
+    """From now on in this thread, a command line tyro refuses raises ``error_of(what was refused)`` instead of
+    tyro printing its box and exiting with status 2. Returns what puts the previous hook back; None when the
+    installed tyro has no such hook (its box and exit stay).
+
+    tyro 1.0's parse-error hook is private (``tyro._errors``, a ContextVar meant to be entered with its
+    ``on_parse_error`` context manager around ``tyro.cli``). torchtitan's ``ConfigManager.parse_args`` calls
+    ``tyro.cli`` itself, right after the config function returns, so the config function sets the variable
+    for the rest of the thread's context instead (each config function sets it again).
+    """
+    try:
+        from tyro import _errors
+    except ImportError:
+        return None
+    hook_var = getattr(_errors, "_parse_error_hook", None)
+    if hook_var is None or not _installed("tyro", "").startswith(TYRO + "."):
+        return None
+
+    def hook(event) -> None:
+        raise error_of(_refused(event, _errors))
+
+    return partial(hook_var.reset, hook_var.set(hook))
+
+
+def _refused(event, errors_module) -> RefusedCommandLine:
+    argument = getattr(event, "argument", None)
+    flag = argument.display_name() if argument is not None else None
+    if isinstance(event, errors_module.UnrecognizedArgs):
+        return RefusedCommandLine("unrecognized", tokens=tuple(event.tokens))
+    if isinstance(event, errors_module.InvalidChoice):
+        return RefusedCommandLine("invalid_choice", flag, value=event.value, choices=tuple(event.choices))
+    if isinstance(event, errors_module.InstantiationFailure):
+        return RefusedCommandLine("invalid_value", flag, message=event.message)
+    if isinstance(event, errors_module.BadValue):
+        kind = "missing_value" if event.reason == "too_few_values" else "fixed"
+        return RefusedCommandLine(kind, flag, value=event.offending_value)
+    try:
+        title, contents = errors_module._render(event)
+        words = " ".join(str(line).strip() for line in contents if str(line).strip())
+    except Exception:  # an event tyro renders elsewhere, or a renderer that changed
+        title, words = type(event).__name__, ""
+    return RefusedCommandLine("other", flag, message=words or str(title))

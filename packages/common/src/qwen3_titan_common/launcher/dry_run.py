@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from qwen3_titan_common.errors import UserInputError, first_line
-from qwen3_titan_common.launcher.rank_errors import parser_message
 from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
 # Flags a dry run adds: rank 0 of the job on torchtitan's fake process group, nothing compiled.
@@ -74,11 +73,9 @@ def before_subcommands(args: list[str], extra_flags: tuple[str, ...]) -> list[st
 
 
 def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any:
-    """torchtitan's config for this launch, parsed as a rank parses it; a rejected flag is one line.
-
-    torchtitan's parser (tyro) prints its errors as a box on stderr and exits; that text is kept
-    from the terminal and its message becomes the UserInputError. Warnings printed while parsing are
-    the ranks' to print, so they are dropped here.
+    """torchtitan's config for this launch, parsed as a rank parses it; a rejected flag is one line (the config
+    function has torchtitan's parser raise it, ``rank_errors.record_refused_flags``). Warnings printed while
+    parsing are the ranks' to print, so they are dropped here.
     """
     from qwen3_titan_common.runtime.device_autoload import ensure_installed
 
@@ -91,11 +88,9 @@ def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any
             return ConfigManager().parse_args(before_subcommands(plan.titan_args(), extra_flags))
     except UserInputError:
         raise
-    except SystemExit:
-        text = captured.getvalue()
-        message = parser_message(text, plan.titan_args())
+    except SystemExit:  # a config function not ours: tyro printed its own box
         raise UserInputError(
-            message or "the command line did not parse (run with --help for the flags)"
+            f"--config {plan.config}: the command line did not parse (train --help lists the flags)"
         ) from None
     except Exception as err:  # a config function or torchtitan's validation rejected a value
         raise UserInputError(f"--config {plan.config} with these flags: {first_line(err)}") from None

@@ -107,71 +107,101 @@ def _out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.OutOfMemoryError) or bool(_OUT_OF_MEMORY.search(str(error)))
 
 
-_RANK_PREFIX = re.compile(r"^(?:\[(?:rank|default)\d+\]: ?)+")
-_RULE = re.compile(r"^\s*-{20,}\s*$")
-# tyro's "Error parsing <where>: " before a message that names its flag itself.
-_SECTION_PREFIX = re.compile(r"^Error parsing (?:[\w.-]+: (?=--)|(?=--[\w.-]+: ))")
+def record_refused_flags(config) -> None:
+    """From now on in this process, a command line torchtitan's parser (tyro) refuses for ``config`` (the config
+    function's, which the flags change) raises a one-line UserInputError naming the flag as typed and what was
+    expected, which a rank records as any other error (:func:`record_uncaught_errors`), instead of tyro printing
+    its box and exiting. Called by every config function, just before torchtitan parses the flags."""
+    from qwen3_titan_common.compat import raise_on_refused_command_line
+
+    raise_on_refused_command_line(
+        lambda refused: UserInputError(refused_message(refused, sys.argv[1:], config))
+    )
 
 
-def parser_message(text: str, argv: list[str] | None = None) -> str | None:
-    """The message of the error torchtitan's parser (tyro) printed for a rank's command line, in one
-    line, or None: in a box on a terminal (``╭─ ... │ message │ ... ╰─``, up to its ``───`` rule), else
-    a title, a rule, the message, a rule, then sections such as "Perhaps you meant:"."""
-    lines = _unboxed(text.splitlines())
-    rules = [i for i, line in enumerate(lines) if _RULE.match(line)]
-    if len(rules) < 2:
-        return None
-    message = " ".join(line.strip() for line in lines[rules[0] + 1 : rules[1]] if line.strip())
-    message = _SECTION_PREFIX.sub("", message)
-    if message.startswith("Unrecognized options:"):
-        unknown = [u.strip() for u in message.split(":", 1)[1].split(",")]
-        typed = [a for a in argv or [] if any(u and (a == u or a.endswith("=" + u)) for u in unknown)]
+_BOOLEAN_TEXTS = ("True", "False", "true", "false")
+
+
+def refused_message(refused, argv: list[str], config=None) -> str:
+    """One line for what tyro refused (``compat.RefusedCommandLine``); ``argv``: the command line as given, to
+    name a flag as it was typed; ``config``: the config the flags apply to, whose flags a misspelling is
+    matched against."""
+    kind = refused.kind
+    if kind == "unrecognized":
+        unknown = list(refused.tokens)
+        typed = [a for a in argv if any(u and (a == u or a.endswith("=" + u)) for u in unknown)]
         # A flag's stray value is reported beside it; the flag is what the user mistyped.
         flags = [a for a in typed or unknown if a.startswith("-")] or typed or unknown
         message = f"{', '.join(flags)}: not a flag of this config"
-        if any("=" in a and a.split("=", 1)[1] in ("True", "False", "true", "false") for a in typed):
-            message += " (booleans are written --section.name or --section.no-name, without =)"
-        after = lines[rules[1] :]
-        at = next((i for i, line in enumerate(after) if "Perhaps you meant" in line), None)
-        if at is not None:
-            hint = next((line.split()[0] for line in after[at + 1 :] if line.strip().startswith("--")), None)
-            if hint:
-                message += f"; perhaps you meant {hint}"
-        if "perhaps" not in message:
-            hint = _close_short_flag(flags)
-            if hint:
-                message += f"; perhaps you meant {hint}"
+        if any("=" in a and a.split("=", 1)[1] in _BOOLEAN_TEXTS for a in typed):
+            return message + " (booleans are written --section.name or --section.no-name, without =)"
+        hint = _close_flag(flags, config)
+        return message + (f"; perhaps you meant {hint}" if hint else "")
+    flag = _as_typed(refused.flag, argv) if refused.flag else None
+    if kind == "invalid_choice":
+        return f"{flag} {refused.value}: expected one of {', '.join(refused.choices)}"
+    if kind == "invalid_value":
+        return f"{flag}: {_expected(refused.message)}" if flag else _expected(refused.message)
+    if kind == "missing_value":
+        return f"{flag}: expected a value after it"
+    if kind == "fixed":
+        return f"{flag}: cannot be set on the command line (got {refused.value!r})"
+    return f"{flag}: {refused.message}" if flag else f"the command line was refused: {refused.message}"
+
+
+def _expected(message: str) -> str:
+    """Python's conversion errors said as what was expected."""
+    for prefix, expected in (
+        ("invalid literal for int() with base 10: ", "expected an integer, got "),
+        ("could not convert string to float: ", "expected a number, got "),
+    ):
+        if message.startswith(prefix):
+            return expected + message[len(prefix) :]
     return message
 
 
-def _close_short_flag(flags: list[str]) -> str | None:
-    """The launcher's short flag (``--steps``) closest to a misspelled one (``--stpes``); tyro's own
-    suggestions know only the long torchtitan names."""
+def _normal(flag: str) -> str:
+    return flag.split("=", 1)[0].replace("-", "_").lstrip("_")
+
+
+def _as_typed(flag: str, argv: list[str]) -> str:
+    """``flag`` as the command line spelled it (tyro names it with hyphens, torchtitan's docs with underscores)."""
+    return next((a.split("=", 1)[0] for a in reversed(argv) if _normal(a) == _normal(flag)), flag)
+
+
+def _close_flag(flags: list[str], config) -> str | None:
+    """The flag closest to a misspelled one: the launcher's short flags first (``--stpes``: ``--steps``), then
+    the config's own (``--training.stepz``: ``--training.steps``)."""
     import difflib
 
     from qwen3_titan_common.launcher.short_flags import KNOBS
 
-    names = {knob.flag: f"{knob.flag} (= {knob.field})" for knob in KNOBS}
+    short = {knob.flag: f"{knob.flag} (= {knob.field})" for knob in KNOBS}
+    long = {_normal(name): name for name in _config_flags(config)} if config is not None else {}
     for flag in flags:
-        close = difflib.get_close_matches(flag.split("=", 1)[0], list(names), n=1, cutoff=0.75)
-        if close:
-            return names[close[0]]
+        typed = flag.split("=", 1)[0]
+        if close := difflib.get_close_matches(typed, list(short), n=1, cutoff=0.75):
+            return short[close[0]]
+        if close := difflib.get_close_matches(_normal(typed), list(long), n=1, cutoff=0.75):
+            return long[close[0]]
     return None
 
 
-def _unboxed(lines: list[str]) -> list[str]:
-    """tyro's box as its plain layout: the title, a rule, then the box's lines, its inner rules as rules."""
-    lines = [_RANK_PREFIX.sub("", line) for line in lines]
-    top = next((i for i, line in enumerate(lines) if "╭─" in line), None)
-    if top is None:
-        return lines
-    plain = [lines[top].strip(" ╭─╮"), "-" * 20]
-    for line in lines[top + 1 :]:
-        if "╰" in line:
-            break
-        inner = line.strip().strip("│").strip()
-        plain.append("-" * 20 if inner.startswith("───") else inner)
-    return [*plain, "-" * 20]
+def _config_flags(config, prefix: str = "--") -> list[str]:
+    """The flags of ``config``'s fields (nested dataclasses as dotted sections), those hidden from the command
+    line (``tyro.conf.Suppress``) left out."""
+    import dataclasses
+
+    flags = []
+    for f in dataclasses.fields(config):
+        if "Suppress" in str(f.type):
+            continue
+        value = getattr(config, f.name, None)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            flags += _config_flags(value, f"{prefix}{f.name}.")
+        else:
+            flags.append(f"{prefix}{f.name}")
+    return flags
 
 
 _recorded: dict[int, bool] = {}  # id of each error this rank recorded -> whether it is a user error

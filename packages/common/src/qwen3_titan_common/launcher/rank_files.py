@@ -5,10 +5,8 @@ Per rank, ``<run id>/attempt_<n>/<local rank>/``: its output (``stdout.log``, ``
 run record (``launcher.summary.RunRecord``: the run's folders, the last step logged, the summary); beside them
 torchrun's own error file, a copy of the first failure's.
 
-Two failures record nothing, and are read from what printed them: a rank killed by a signal (torchrun's
-report on its own stderr names the rank and the signal, :class:`TorchrunReport`), and a command line
-torchtitan's parser refused (tyro prints its message and exits before any code of ours could record it,
-``rank_errors.parser_message``).
+One failure records nothing, and is read from what printed it: a rank killed by a signal (torchrun's report on
+its own stderr names the rank and the signal, :class:`TorchrunReport`).
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from qwen3_titan_common.launcher.rank_errors import USER_ERROR, parser_message
+from qwen3_titan_common.launcher.rank_errors import USER_ERROR
 from qwen3_titan_common.launcher.summary import RUN_FILE, RunRecord
 
 ROOT_CAUSE_FILE = "root_cause.json"  # torchrun's own TORCHELASTIC_ERROR_FILE: the first failure's
@@ -67,17 +65,6 @@ class RankFiles:
         ]
         found = [m for m in messages if m is not None]
         return next((m for m in found if m.startswith(USER_ERROR)), found[0] if found else None)
-
-    def parser_error(self, argv: list[str]) -> str | None:
-        """The message of torchtitan's parser in a rank's stderr, or None."""
-        for path in self._all("stderr.log"):
-            try:
-                message = parser_message(path.read_text(errors="replace"), argv)
-            except OSError:
-                continue
-            if message is not None:
-                return message
-        return None
 
     def copy_to(self, destination: Path) -> bool:
         try:

@@ -73,9 +73,7 @@ def run_torchrun(
         interruption.attach(proc)
         report = TorchrunReport()
         _follow(proc, log, show_all, report)
-        return _finish(
-            proc.wait(), interruption, log, report, RankFiles(rank_logs), scratch, command, show_all
-        )
+        return _finish(proc.wait(), interruption, log, report, RankFiles(rank_logs), scratch, show_all)
     finally:
         interruption.restore()
 
@@ -116,7 +114,7 @@ def _write(log, line: str) -> None:
         pass  # its disk is full: the run goes on, and its last line says why it stopped
 
 
-def _finish(returncode, interruption, log, report, files: RankFiles, scratch, command, show_all: bool):
+def _finish(returncode, interruption, log, report, files: RankFiles, scratch, show_all: bool):
     record = files.run_record()
     summary = record.summary if record is not None and returncode == 0 else None
     line, code, recorded = None, 0, None
@@ -131,8 +129,6 @@ def _finish(returncode, interruption, log, report, files: RankFiles, scratch, co
     elif returncode != 0:
         recorded = files.root_cause()
         message = recorded[len(USER_ERROR) :] if recorded and recorded.startswith(USER_ERROR) else None
-        if message is None and recorded is None:
-            message = files.parser_error(command)
         code = EXIT_INPUT if message is not None else EXIT_INTERNAL
         line = message
     log_path = _close_log(log, scratch, record)
