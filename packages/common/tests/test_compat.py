@@ -212,14 +212,19 @@ def test_tyros_parse_error_hook_raises_ours_with_what_it_refused():
     class Refused(Exception):
         pass
 
+    class Earlier(Exception):
+        pass
+
+    undo_earlier = compat.raise_on_refused_command_line(lambda refused: Earlier(refused))
     undo = compat.raise_on_refused_command_line(lambda refused: Refused(refused))
-    assert undo is not None
+    assert undo is not None and undo_earlier is not None
     try:
         _refuse_each(tyro, Small, Refused)
-    finally:
         undo()
-    with pytest.raises(SystemExit):  # tyro's own path again
-        tyro.cli(Small, args=["--stpes"])
+        with pytest.raises(Earlier):  # the hook set before is back
+            tyro.cli(Small, args=["--stpes"])
+    finally:
+        undo_earlier()
 
 
 def _refuse_each(tyro, Small, Refused) -> None:

@@ -249,8 +249,9 @@ def test_a_failing_rank_shows_its_log_and_one_line_and_its_stderr_stays_in_the_l
         (["--training.mixed_precision_param", "float8"],
          "--training.mixed_precision_param float8: expected one of bfloat16, float32"),
         (["--hf.max_shard_size", "5GB", "stray"], "stray: not a flag of this config"),
+        (["--checkpoint.interval", "0"], "--checkpoint.interval: Checkpoint interval needs to be at least 1 step."),
     ],
-    ids=["long", "short", "hyphens", "boolean", "integer", "no-value", "choice", "stray"],
+    ids=["long", "short", "hyphens", "boolean", "integer", "no-value", "choice", "stray", "section-check"],
 )  # fmt: skip
 def test_a_flag_torchtitans_parser_refuses_is_one_line_naming_it_as_typed(flags, line, monkeypatch, capsys):
     """The config function has tyro raise a UserInputError instead of printing its box and exiting: a rank

@@ -467,10 +467,12 @@ class RefusedCommandLine:
     """What tyro refused, in our terms. ``kind``: "unrecognized" (``tokens`` it did not know), "invalid_choice"
     (``value`` not among ``choices``), "invalid_value" (``message``: why the value did not convert),
     "missing_value", "fixed" (a field the command line cannot set, given ``value``), or "other" (``message``,
-    tyro's own words). ``flag``: the flag as tyro spells it (``--training.mixed-precision-param``), if one."""
+    tyro's own words). ``flag``: the flag as tyro spells it (``--training.mixed-precision-param``), if one;
+    else, for a value a section's own checks refused, that ``section``."""
 
     kind: str
     flag: str | None = None
+    section: str | None = None  # the config section whose construction refused the values (``checkpoint``)
     tokens: tuple[str, ...] = ()
     value: str | None = None
     choices: tuple[str, ...] = ()
@@ -511,7 +513,11 @@ def _refused(event, errors_module) -> RefusedCommandLine:
     if isinstance(event, errors_module.InvalidChoice):
         return RefusedCommandLine("invalid_choice", flag, value=event.value, choices=tuple(event.choices))
     if isinstance(event, errors_module.InstantiationFailure):
-        return RefusedCommandLine("invalid_value", flag, message=event.message)
+        # A section whose __post_init__ refused its values names no argument on the event; the error tyro is
+        # handling when it fires the hook names the section.
+        handled = getattr(sys.exc_info()[1], "arg", None)
+        section = handled if flag is None and isinstance(handled, str) else None
+        return RefusedCommandLine("invalid_value", flag, section=section, message=event.message)
     if isinstance(event, errors_module.BadValue):
         kind = "missing_value" if event.reason == "too_few_values" else "fixed"
         return RefusedCommandLine(kind, flag, value=event.offending_value)

@@ -141,6 +141,11 @@ def refused_message(refused, argv: list[str], config=None) -> str:
     if kind == "invalid_choice":
         return f"{flag} {refused.value}: expected one of {', '.join(refused.choices)}"
     if kind == "invalid_value":
+        if flag is None and refused.section:
+            typed = [
+                a.split("=", 1)[0] for a in argv if _normal(a).startswith(_normal(refused.section) + ".")
+            ]
+            flag = ", ".join(dict.fromkeys(typed)) or f"--{refused.section}.*"
         return f"{flag}: {_expected(refused.message)}" if flag else _expected(refused.message)
     if kind == "missing_value":
         return f"{flag}: expected a value after it"
