@@ -58,8 +58,8 @@ class RunSummary:
 class LauncherOptions:
     command: str = ""
     """The command the user typed, which the ``train`` launcher passes to its ranks: the exports' model cards
-    and the summary's resume line repeat it, and a rank the launcher started leaves its summary for the launcher
-    to print. Empty under a bare ``torchrun``."""
+    repeat it, and a rank the launcher started leaves its summary for the launcher to print. Empty under a bare
+    ``torchrun``."""
 
 
 @dataclass
