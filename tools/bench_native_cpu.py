@@ -2,10 +2,13 @@
 
     uv run python -m tools.bench_native_cpu [--repeats 3] [--steps 25]
     uv run python -m tools.bench_native_cpu --launch-against OTHER/.venv/bin/train [--pairs 7]
+    uv run python -m tools.bench_native_cpu --launch-against-rev REV [--pairs 7]
 
 Prints (issue 2's targets):
   - launch to first optimizer step of `train` (the default config), target < 10 s (issue 14), and the
-    launcher's own part of it (the checks before launch, parsed config included);
+    launcher's own part of it (the checks before launch, parsed config included); with --launch-against
+    (another checkout's `train`) or --launch-against-rev (a git worktree of REV made here, with its own locked
+    environment from uv's cache), only this row, in interleaved pairs, alternating which side goes first;
   - tokens/s of the `debug` model through torchtitan's Trainer, eager and with
     `--compile.enable`, against a plain transformers `Qwen3ForCausalLM` training loop
     with the same shape, batch, sequence length and optimizer (fp32, the plain
@@ -88,8 +91,25 @@ def launch_pairs(other_train: str, pairs: int) -> int:
     for name, figures in (("this checkout", ours), (other_train, theirs)):
         print(f"launch to first step, {name}: median {statistics.median(figures):.2f} s "
               f"(min {min(figures):.2f}, max {max(figures):.2f}, {pairs} runs)")  # fmt: skip
-    print(f"difference of medians: {statistics.median(ours) - statistics.median(theirs):+.2f} s")
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    print(
+        f"difference of medians: {statistics.median(ours) - statistics.median(theirs):+.2f} s; median of the "
+        f"pairs' ratios {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+    )
     return 0
+
+
+def launch_pairs_against_rev(rev: str, pairs: int) -> int:
+    """:func:`launch_pairs` against ``rev``'s ``train``, from a git worktree with its own locked environment."""
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp) / "baseline"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(where), rev], check=True)
+        try:
+            subprocess.run(["uv", "sync", "--locked", "--quiet"], cwd=where, check=True)
+            return launch_pairs(str(where / ".venv" / "bin" / "train"), pairs)
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(where)], check=False)
 
 
 def main() -> int:
@@ -98,14 +118,20 @@ def main() -> int:
         "--launch-against", metavar="TRAIN", default=None,
         help="only the launch row, in interleaved pairs against this other checkout's train script",
     )  # fmt: skip
+    parser.add_argument(
+        "--launch-against-rev", metavar="REV", default=None,
+        help="only the launch row, in interleaved pairs against a git worktree of REV (e.g. f20a55e)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
-    parser.add_argument("--pairs", type=int, default=7, help="pairs of launches with --launch-against")
+    parser.add_argument("--pairs", type=int, default=7, help="pairs of launches with --launch-against(-rev)")
     args = parser.parse_args()
     print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     if args.launch_against:
         return launch_pairs(args.launch_against, args.pairs)
+    if args.launch_against_rev:
+        return launch_pairs_against_rev(args.launch_against_rev, args.pairs)
     n, r = args.steps, args.repeats
     timelines = [launch_timeline() for _ in range(r)]
 

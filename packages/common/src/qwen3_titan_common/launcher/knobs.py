@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.launcher.short_flags import KNOBS, Knob
+from qwen3_titan_common.launcher.short_flags import KNOBS, Knob, flag_spelling
 
 
 def _as_typed(kind: Callable[[str], object]) -> Callable[[str], str]:
@@ -43,20 +43,15 @@ def add_knob_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def _spelling(flag: str) -> str:
-    """tyro reads ``_`` and ``-`` alike in flag names."""
-    return flag.split("=", 1)[0].replace("_", "-")
-
-
 def knob_flags(opts: argparse.Namespace, passthrough: list[str]) -> list[tuple[Knob, str]]:
     """(knob, value) for each short flag given; one given together with its long form is refused."""
-    given = {_spelling(arg) for arg in passthrough if arg.startswith("--")}
+    given = {flag_spelling(arg) for arg in passthrough if arg.startswith("--")}
     used = []
     for knob in KNOBS:
         value = getattr(opts, knob.dest, None)
         if value is None:
             continue
-        if _spelling(knob.field) in given:
+        if flag_spelling(knob.field) in given:
             raise UserInputError(
                 f"{knob.flag} and {knob.field} both given: they set the same field, pass one"
             )

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.launcher.short_flags import KNOBS, flag_spelling
 from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 
 STOPPED = "[stopped] "
@@ -142,9 +143,8 @@ def refused_message(refused, argv: list[str], config=None) -> str:
         return f"{flag} {refused.value}: expected one of {', '.join(refused.choices)}"
     if kind == "invalid_value":
         if flag is None and refused.section:
-            typed = [
-                a.split("=", 1)[0] for a in argv if _normal(a).startswith(_normal(refused.section) + ".")
-            ]
+            section = flag_spelling(f"--{refused.section}.")
+            typed = [a.split("=", 1)[0] for a in argv if flag_spelling(a).startswith(section)]
             flag = ", ".join(dict.fromkeys(typed)) or f"--{refused.section}.*"
         return f"{flag}: {_expected(refused.message)}" if flag else _expected(refused.message)
     if kind == "missing_value":
@@ -165,13 +165,9 @@ def _expected(message: str) -> str:
     return message
 
 
-def _normal(flag: str) -> str:
-    return flag.split("=", 1)[0].replace("-", "_").lstrip("_")
-
-
 def _as_typed(flag: str, argv: list[str]) -> str:
     """``flag`` as the command line spelled it (tyro names it with hyphens, torchtitan's docs with underscores)."""
-    return next((a.split("=", 1)[0] for a in reversed(argv) if _normal(a) == _normal(flag)), flag)
+    return next((a.split("=", 1)[0] for a in reversed(argv) if flag_spelling(a) == flag_spelling(flag)), flag)
 
 
 def _close_flag(flags: list[str], config) -> str | None:
@@ -179,15 +175,12 @@ def _close_flag(flags: list[str], config) -> str | None:
     the config's own (``--training.stepz``: ``--training.steps``)."""
     import difflib
 
-    from qwen3_titan_common.launcher.short_flags import KNOBS
-
     short = {knob.flag: f"{knob.flag} (= {knob.field})" for knob in KNOBS}
-    long = {_normal(name): name for name in _config_flags(config)} if config is not None else {}
+    long = {flag_spelling(name): name for name in _config_flags(config)} if config is not None else {}
     for flag in flags:
-        typed = flag.split("=", 1)[0]
-        if close := difflib.get_close_matches(typed, list(short), n=1, cutoff=0.75):
+        if close := difflib.get_close_matches(flag.split("=", 1)[0], list(short), n=1, cutoff=0.75):
             return short[close[0]]
-        if close := difflib.get_close_matches(_normal(typed), list(long), n=1, cutoff=0.75):
+        if close := difflib.get_close_matches(flag_spelling(flag), list(long), n=1, cutoff=0.75):
             return long[close[0]]
     return None
 

@@ -10,6 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
+def flag_spelling(flag: str) -> str:
+    """A flag's name as tyro reads it: ``_`` and ``-`` alike, any ``=VALUE`` dropped."""
+    return flag.split("=", 1)[0].replace("_", "-")
+
+
 @dataclass(frozen=True)
 class Knob:
     flag: str
