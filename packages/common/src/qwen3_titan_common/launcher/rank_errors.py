@@ -3,7 +3,8 @@
 torchtitan and the libraries under it report a full disk, a read-only dump folder, a damaged
 safetensors file or a diverged loss as their own exceptions, deep in a traceback. These are re-raised
 as one-line ``UserInputError``s naming the path, file or step and what to do; anything else is left as
-it is (an internal error).
+it is (an internal error). A flag torchtitan's parser refuses is raised as one too, naming the flag as typed
+(:func:`record_refused_flags`), where tyro would print its box and exit.
 
 A rank that stops records why in torchelastic's own error file (``TORCHELASTIC_ERROR_FILE``, which
 torchrun sets for every rank under its ``--log-dir`` and from which it reports the first failure): that

@@ -263,9 +263,9 @@ def converted_summary(trainer, converted: str | os.PathLike) -> RunSummary:
     )  # fmt: skip
 
 
-def report(summary: RunSummary, record: RunRecord | None, log) -> None:
-    """Into ``record`` for the launcher to print, when one runs this rank, else to ``log`` (one call per line)."""
-    if record is not None and record.folder is not None:
+def report(summary: RunSummary, record: RunRecord, log) -> None:
+    """Into ``record`` for the launcher to print, when one reads it, else to ``log`` (one call per line)."""
+    if record.folder is not None:
         record.summary = summary
         record.save()
         return
