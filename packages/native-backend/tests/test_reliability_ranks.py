@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -118,6 +119,45 @@ def test_checkpoints_of_another_model_in_the_readme_order(tmp_path):
         proc.returncode, proc.stdout, proc.stderr, 2, "its checkpoints (newest: step 2", "another model"
     )
     assert changes(before, snapshot(tmp_path)) == []
+
+
+def test_checkpoint_purge_deletes_only_step_checkpoints(tmp_path):
+    """--checkpoint.keep_latest_k deletes old step checkpoints and nothing else a name shares: a user's
+    notes, a renamed copy of a real checkpoint (its .metadata inside), a file, a link to a user's folder."""
+    dump = tmp_path / "out"
+    folder = dump / "checkpoint"
+    (folder / "step-1-notes").mkdir(parents=True)
+    (folder / "step-1-notes" / "notes.txt").write_text("mine")
+    (folder / "run-step-2.txt").write_text("mine too")
+    kept_elsewhere = tmp_path / "mine"
+    kept_elsewhere.mkdir()
+    (kept_elsewhere / "data.txt").write_text("not a checkpoint")
+    (folder / "step-0").symlink_to(kept_elsewhere, target_is_directory=True)
+    args = ["--training.steps", "5", "--training.seq_len", "64", "--training.local_batch_size", "2",
+            "--checkpoint.interval", "1", "--checkpoint.keep_latest_k", "2", "--hf.no-export"]  # fmt: skip
+
+    def run() -> None:
+        proc = subprocess.run(
+            [TRAIN, *args, "--dump_folder", str(dump)], cwd=tmp_path, env=_env(), capture_output=True,
+            text=True, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    run()
+    shutil.copytree(folder / "step-5", folder / "step-3.bak")  # a real checkpoint, renamed by its user
+    users = [tmp_path / "mine", *(folder / name for name in ("step-1-notes", "run-step-2.txt", "step-3.bak"))]
+    before = snapshot(*users)
+    args[1] = "9"
+    run()  # resumes at step 5, saves 6 to 9, keeps the newest 2 of every step-N it wrote before or now
+    assert changes(before, snapshot(*users)) == []
+    steps = sorted(p.name for p in folder.iterdir() if p.name.startswith("step-") and p.name[5:].isdigit())
+    assert steps[-2:] == ["step-8", "step-9"] and "step-1" not in steps and "step-5" not in steps
+    assert (folder / "step-0").is_symlink() and (folder / "step-1-notes" / "notes.txt").read_text() == "mine"
+    (log,) = sorted((dump / "logs").glob("train-*.log"))[-1:]
+    said = [line for line in log.read_text().splitlines() if "Checkpoint purge" in line]
+    assert said and all(
+        name in said[0] for name in ("step-0", "step-1-notes", "step-3.bak", "run-step-2.txt")
+    )
 
 
 def _processes_tagged(tag: str) -> list[int]:

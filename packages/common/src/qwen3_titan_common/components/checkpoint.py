@@ -18,6 +18,7 @@ trainer puts into this component's Config before anything is built.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ from qwen3_titan_common.components.model_record import write_model_record
 from qwen3_titan_common.components.weight_check import first_non_finite
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.export import ExportSpec, export_hf_dir
-from qwen3_titan_common.hf.start import newest_complete_step
+from qwen3_titan_common.hf.start import STEP_DIR, newest_complete_step
 from qwen3_titan_common.perf.memory import local_numel
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.disk import check_free_space, disk_full_in, disk_full_message, looks_full
@@ -130,6 +131,8 @@ class Qwen3CheckpointManager(CheckpointManager):
         # the "train_state" state, whose parallel_dims say whether the run is pipelined).
         trainer = (kwargs.get("states") or {}).get("train_state")
         self.pipelined = bool(getattr(getattr(trainer, "parallel_dims", None), "pp_enabled", False))
+        self.saved_here: set[int] = set()
+        self.said_left: set[str] = set()
 
     # torchtitan's public save()/load() check `enable` once and then call these two hooks, which its own
     # subclasses override (torchtitan.experiments.torchft); whether a step is saved is its `_should_save`.
@@ -143,6 +146,7 @@ class Qwen3CheckpointManager(CheckpointManager):
         if self.model_record is not None and _is_writer():
             write_model_record(folder, self.model_record)
         try:
+            self.saved_here.add(curr_step)
             with Phase(f"checkpoint of step {curr_step} ({self.checkpoint_bytes / 1e9:.2f} GB) to {folder}"):
                 return super()._save(curr_step, last_step)
         except (KeyboardInterrupt, SystemExit):
@@ -153,6 +157,39 @@ class Qwen3CheckpointManager(CheckpointManager):
                     disk_full_message(folder / f"step-{curr_step}", f"checkpoint of step {curr_step}")
                 ) from None
             raise
+
+    def _purge_stale_checkpoints(self) -> None:
+        """Keep the newest ``--checkpoint.keep_latest_k`` step checkpoints, deleting only what a checkpointer wrote.
+
+        torchtitan's own purge takes every entry whose name holds ``step-N`` anywhere (a user's
+        ``step-1-notes/``, a ``step-4.bak`` copy). Here a candidate is a folder named exactly ``step-N``, as
+        resuming reads them, that this run saved or that holds DCP's ``.metadata`` (a complete checkpoint,
+        this run's or an earlier run's of the same folder); anything else whose name torchtitan would have
+        taken is left, and said once."""
+        if not self._should_purge():
+            return
+        folder = Path(self.folder)
+        ours: list[tuple[int, Path]] = []
+        left: list[str] = []
+        for entry in folder.iterdir():
+            match = STEP_DIR.match(entry.name)
+            if match and entry.is_dir() and not entry.is_symlink():
+                step = int(match.group(1))
+                if step in self.saved_here or (entry / ".metadata").is_file():
+                    ours.append((step, entry))
+                    continue
+            if re.search(r"step-\d+", entry.name):
+                left.append(entry.name)
+        for _, path in sorted(ours)[: -self.keep_latest_k]:
+            assert self.purge_thread is not None
+            self.purge_queue.put(str(path))
+        new = sorted(set(left) - self.said_left)
+        if new:
+            self.said_left.update(new)
+            logger.info(
+                f"Checkpoint purge (--checkpoint.keep_latest_k {self.keep_latest_k}) deletes only step "
+                f"checkpoints; left in {folder}: {', '.join(new)}"
+            )
 
     def _load(self, step: int = -1) -> bool:
         # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s

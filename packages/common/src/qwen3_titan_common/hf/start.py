@@ -20,7 +20,7 @@ from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
 from qwen3_titan_common.hf.model_dir import HFModelDir, open_model_dir
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def newest_complete_step(checkpoint_folder: Path) -> int | None:
     steps = [
         int(m.group(1))
         for entry in checkpoint_folder.iterdir()
-        if (m := _STEP_DIR.match(entry.name)) and (entry / ".metadata").is_file()
+        if (m := STEP_DIR.match(entry.name)) and (entry / ".metadata").is_file()
     ]
     return max(steps, default=None)
 
