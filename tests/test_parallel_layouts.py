@@ -79,10 +79,16 @@ def test_dense_layouts_train_what_one_rank_trains(dense, tmp_path, nproc, flags)
 
 @pytest.mark.slow
 def test_hf_v5_shards_what_one_rank_trains(tmp_path):
-    # transformers' model: its own initialisation rule, drawn whole per tensor too; FSDP2's reductions on gloo.
+    # transformers' model: its own initialisation rule, drawn whole per tensor too; FSDP2's reductions on gloo;
+    # context parallelism over its block-sparse attention (the keys and values gathered in its attention function).
     one = _train("hf-v5-backend", tmp_path / "one", 1, "--checkpoint.no-enable")
+    bounds = ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}")
     two = _train("hf-v5-backend", tmp_path / "two", 2, "--batch-size", "4", *NO_OUTPUTS)
-    _assert_same_losses(one[LOSS], two[LOSS], ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}"))
+    _assert_same_losses(one[LOSS], two[LOSS], bounds)
+    cp = _train(
+        "hf-v5-backend", tmp_path / "cp", 2, "--parallelism.context_parallel_degree", "2", *NO_OUTPUTS
+    )
+    _assert_same_losses(one[LOSS], cp[LOSS], bounds)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +125,38 @@ def test_two_rank_checkpoint_resumes_on_one(dense, fsdp_two_ranks, tmp_path):
     _, reference, bounds = dense
     # One rank, the same global batch in 4 micro-batches of 2.
     losses = _resume(fsdp_two_ranks[0], tmp_path, 1, "--batch-size", "2", "--training.global_batch_size", "8")
+    _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
+
+
+# -- context parallel: each row's tokens over the CP ranks, its documents across their chunks ------------------
+
+CP = "--parallelism.context_parallel_degree"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "nproc, flags",
+    [
+        (2, [CP, "2"]),
+        (4, [CP, "4"]),
+        (4, [CP, "2", "--batch-size", "4"]),
+        (4, [CP, "2", "--parallelism.tensor_parallel_degree", "2"]),
+    ],
+    ids=["cp-2", "cp-4", "cp-2-fsdp-2", "cp-2-tp-2"],
+)
+def test_context_parallel_layouts_train_what_one_rank_trains(dense, tmp_path, nproc, flags):
+    _, reference, bounds = dense
+    losses = _train("native-backend", tmp_path / "run", nproc, *flags, *NO_OUTPUTS)[LOSS]
+    _assert_same_losses(reference, losses, bounds)
+
+
+@pytest.mark.slow
+def test_context_parallel_checkpoint_resumes_on_one_rank(dense, tmp_path):
+    # CP 2's checkpoint (FSDP shards over the CP ranks) read by one rank, which continues the same losses.
+    _, reference, bounds = dense
+    source = tmp_path / "cp"
+    _train("native-backend", source, 2, CP, "2", "--checkpoint.interval", "2", "--hf.no-export")
+    losses = _resume(source, tmp_path, 1)
     _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
 
 
@@ -166,6 +204,27 @@ def test_expert_parallel_with_fsdp_trains_what_one_rank_trains(moe, tmp_path):
     scalars = _train("nki-moe-backend", tmp_path / "ep", 4, *MOE, *ep, "--batch-size", "2", *NO_OUTPUTS)
     _assert_same_losses(reference[LOSS], scalars[LOSS], bounds)
     assert scalars["moe/dropped_share"] == [0.0] * STEPS
+
+
+@pytest.mark.slow
+def test_expert_parallel_with_context_parallel_trains_what_one_rank_trains(tmp_path):
+    # 4 ranks: rows over 2 CP ranks, the experts over 2 expert-parallel ranks, 2 data-parallel rows of batch 4.
+    # Without the router balance loss, which runs with data and expert parallelism only.
+    one = _train("nki-moe-backend", tmp_path / "one", 1, "--config", "debug_moe", "--checkpoint.no-enable")
+    layout = [
+        CP,
+        "2",
+        "--parallelism.expert_parallel_degree",
+        "2",
+        "--moe.capacity_factor",
+        _no_drop_capacity(),
+    ]
+    four = _train("nki-moe-backend", tmp_path / "cp-ep", 4, "--config", "debug_moe", *layout, "--batch-size", "4",
+                  *NO_OUTPUTS)  # fmt: skip
+    _assert_same_losses(
+        one[LOSS], four[LOSS], ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}")
+    )
+    assert four["moe/dropped_share"] == [0.0] * STEPS
 
 
 @pytest.mark.slow

@@ -208,12 +208,25 @@ def test_flex_is_refused_on_cpu_with_the_flag_named():
 
 
 @pytest.mark.parametrize(
-    "flag", ["tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"]
+    "flag", ["tensor_parallel_degree", "pipeline_parallel_degree", "expert_parallel_degree"]
 )
 def test_other_parallelisms_are_refused_in_one_line(flag):
     config = config_registry.debug()
     config.parallelism = dataclasses.replace(config.parallelism, **{flag: 2})
     with pytest.raises(ValueError, match=rf"^--parallelism.{flag} 2: hf-v5-backend shards with FSDP2"):
+        config.model_spec.model.update_from_config(config=config)
+
+
+def test_context_parallelism_runs_over_the_block_sparse_attention_only():
+    config = config_registry.debug()
+    config.parallelism = dataclasses.replace(config.parallelism, context_parallel_degree=2)
+    config.hf_v5.attention = "blocks"
+    config.model_spec.model.update_from_config(config=config)
+    assert config.model_spec.model.document_attention() is not None
+    config.hf_v5.attention = "sdpa"
+    with pytest.raises(
+        ValueError, match=r"^--parallelism.context_parallel_degree 2: .* not --hf_v5.attention sdpa"
+    ):
         config.model_spec.model.update_from_config(config=config)
 
 

@@ -111,8 +111,15 @@ check_versions()
 
 SUBCLASS_HOOKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
-        # save()/load() check `enable` once, then call _save/_load; _save writes when _should_save says so.
-        "torchtitan.components.checkpoint.CheckpointManager": ("_save", "_load", "_should_save"),
+        # save()/load() check `enable` once, then call _save/_load; _save writes when _should_save says so, then
+        # purges old steps (_purge_stale_checkpoints, when _should_purge; torchft's subclass overrides the latter).
+        "torchtitan.components.checkpoint.CheckpointManager": (
+            "_save",
+            "_load",
+            "_should_save",
+            "_purge_stale_checkpoints",
+            "_should_purge",
+        ),
         # init_states() calls _init_self_buffers for the buffers a module computes (RoPE caches); the
         # protocol's docstring names it as the override point.
         "torchtitan.protocols.module.Module": ("_init_self_buffers",),

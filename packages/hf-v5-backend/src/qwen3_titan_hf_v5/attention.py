@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 from qwen3_titan_common.models import document_blocks as block_sparse
+from qwen3_titan_common.models.context_parallel import ContextParallelBlocks, gather_row
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -48,7 +49,8 @@ def document_blocks_attention(
     """Block-sparse per-document attention of ``(batch, heads, seq, head_dim)`` tensors, as transformers calls
     an attention function; ``(batch, seq, heads, head_dim)`` out. The block pairs come from the model's forward
     (``document_blocks``, None for one document per row) or, for a caller that hands none down, from
-    ``position_ids``; None, or neither, is causal SDPA."""
+    ``position_ids``; None, or neither, is causal SDPA. Under context parallelism they are a CP rank's
+    ``ContextParallelBlocks``: its queries against the whole row's keys and values, gathered here."""
     if document_blocks is _FROM_POSITIONS:
         document_blocks = None
         if position_ids is not None:
@@ -57,8 +59,13 @@ def document_blocks_attention(
         return sdpa_attention_forward(
             module, query, key, value, None, scaling=scaling, is_causal=True, **kwargs
         )
+    key_BLHD, value_BLHD = key.transpose(1, 2), value.transpose(1, 2)
+    if isinstance(document_blocks, ContextParallelBlocks):
+        # This CP rank's queries against the whole row's keys and values, gathered from its group.
+        key_BLHD, value_BLHD = gather_row(key_BLHD, document_blocks), gather_row(value_BLHD, document_blocks)
+        document_blocks = document_blocks.blocks
     out_BLHD = block_sparse.block_sparse_attention(
-        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), document_blocks, scale=scaling
+        query.transpose(1, 2), key_BLHD, value_BLHD, document_blocks, scale=scaling
     )
     return out_BLHD.contiguous(), None
 

@@ -51,11 +51,14 @@ class HFv5Trainer(_Qwen3Trainer):
         """The parallelisms this backend does not implement, refused before anything is written (the
         model's ``update_from_config`` refuses them too, for a config built by hand)."""
         from qwen3_titan_common.errors import UserInputError
+        from torchtitan.tools import utils as titan_utils
 
+        from qwen3_titan_hf_v5.attention import default_attention
         from qwen3_titan_hf_v5.parallelize import check_parallelism
 
+        attention = config.hf_v5.attention or default_attention(titan_utils.device_type)
         try:
-            check_parallelism(config.parallelism)
+            check_parallelism(config.parallelism, attention)
         except ValueError as err:
             raise UserInputError(str(err)) from None
 

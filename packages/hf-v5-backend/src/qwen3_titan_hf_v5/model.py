@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 from qwen3_titan_common.arch.architecture import Qwen3Architecture, architecture_from_config
 from qwen3_titan_common.compat import lm_head_applied_by_loss, without_checkpoint_wrapper
+from qwen3_titan_common.models.attention import DocumentBlockAttention
+from qwen3_titan_common.models.context_parallel import ContextParallelBlocks
 from qwen3_titan_common.models.document_blocks import document_blocks
 from qwen3_titan_common.models.fsdp_comms import parallelized_for_the_job
 from qwen3_titan_common.models.lora import LoRAConverter, base_weight_name
@@ -80,6 +82,13 @@ class HFCausalLM(BaseModel):
             """This config with LoRA: peft's own layers (``lora.py``), not torchtitan's config conversion."""
             return dataclasses.replace(self, lora=lora)
 
+        def document_attention(self):
+            """The block-sparse per-document attention's settings (``models.context_parallel``), or None where
+            this model attends otherwise (``--hf_v5.attention sdpa|flex``)."""
+            if self.attention != "blocks":
+                return None
+            return DocumentBlockAttention.Config(fixed_shapes=titan_utils.device_type == "neuron")
+
         @property
         def tie_word_embeddings(self) -> bool:
             """Whether the model this config builds shares one embedding / output matrix."""
@@ -112,7 +121,7 @@ class HFCausalLM(BaseModel):
                 self.attention = options.attention or default_attention(titan_utils.device_type)
                 self.untie_embeddings = options.untie_embeddings
             self.flops = self._flops().with_metrics_config(config.metrics)
-            check_parallelism(config.parallelism)
+            check_parallelism(config.parallelism, self.attention)
             # A dry run (fake process group) lays out a CUDA job on the CPU without running attention.
             dry_run = getattr(getattr(config, "comm", None), "mode", "default") == "fake_backend"
             if self.attention == "flex" and not dry_run:
@@ -138,6 +147,7 @@ class HFCausalLM(BaseModel):
         super().__init__()
         from transformers import AutoModelForCausalLM
 
+        self.config = config
         hf_config = config.transformers_config()
         causal_lm = AutoModelForCausalLM.from_config(
             hf_config,
@@ -181,19 +191,34 @@ class HFCausalLM(BaseModel):
         """torchtitan's name for the input embedding (used by its tools, e.g. the dry run)."""
         return self.model.embed_tokens
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        attention_masks: ContextParallelBlocks | None = None,
+    ) -> torch.Tensor:
+        """``attention_masks``: under context parallelism, this rank's block pairs against the whole row
+        (``models.context_parallel``), which the trainer builds from the whole row's positions; otherwise the
+        pairs are built here from ``positions``."""
         # One CPU rank computes in the compute dtype by autocast over fp32 weights (models.fsdp_comms).
         with compute_autocast(self.compute_dtype):
-            return self._forward(tokens, positions)
+            return self._forward(tokens, positions, attention_masks)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None,
+        attention_masks: ContextParallelBlocks | None,
+    ) -> torch.Tensor:
         # tokens (B, L) -> logits (B, L, vocab). Positions restart at 0 where each packed document starts:
         # they set RoPE, and keep each document's attention to itself (attention.py): the block pairs built
         # here once for every layer, or transformers' mask functions, which need attention_mask None and no
         # cache.
         routed = self._is_moe and self.training
         blocks = {}
-        if self._block_sparse:
+        if attention_masks is not None:
+            blocks["document_blocks"] = attention_masks
+        elif self._block_sparse:
             # Handed to every layer, None included (one document per row: causal SDPA), so none derives them.
             blocks["document_blocks"] = (
                 document_blocks(positions, fixed_shapes=self._fixed_shapes) if positions is not None else None

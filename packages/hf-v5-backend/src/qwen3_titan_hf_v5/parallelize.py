@@ -33,21 +33,27 @@ from torchtitan.tools.logging import logger
 # Parallelisms this backend does not implement (each off at degree 1).
 _UNSUPPORTED = (
     "tensor_parallel_degree",
-    "context_parallel_degree",
     "pipeline_parallel_degree",
     "expert_parallel_degree",
 )
 
 
-def check_parallelism(parallelism: ParallelismConfig) -> None:
-    """FSDP/HSDP only: refuse the rest in one line each, before anything is built."""
+def check_parallelism(parallelism: ParallelismConfig, attention: str = "blocks") -> None:
+    """FSDP/HSDP, and context parallelism over the block-sparse attention: refuse the rest in one line each,
+    before anything is built."""
     for name in _UNSUPPORTED:
         value = getattr(parallelism, name, 1)
         if value != 1:
             raise UserInputError(
-                f"--parallelism.{name} {value}: hf-v5-backend shards with FSDP2 (data parallel) only; "
-                "use 1, or the native backend for tensor/context/pipeline/expert parallelism"
+                f"--parallelism.{name} {value}: hf-v5-backend shards with FSDP2 (data parallel) and context "
+                "parallelism only; use 1, or the native backend for tensor/pipeline/expert parallelism"
             )
+    cp = parallelism.context_parallel_degree
+    if cp != 1 and attention != "blocks":
+        raise UserInputError(
+            f"--parallelism.context_parallel_degree {cp}: context parallelism runs over the block-sparse "
+            f"attention (--hf_v5.attention blocks), not --hf_v5.attention {attention}"
+        )
     if parallelism.spmd_backend == "full_dtensor":
         raise UserInputError(
             "--parallelism.spmd_backend full_dtensor: the transformers model takes plain tensors; "

@@ -115,9 +115,9 @@ class Qwen3Metrics(MetricsProcessor):
         seconds = time.perf_counter() - self.time_last_log
         global_avg_loss, global_max_loss = self._from_the_last_stage(global_avg_loss, global_max_loss)
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
-        # Each data-parallel (and context-parallel) rank counts its own tokens; TP and PP ranks share theirs.
+        # Each data-parallel rank counts its own rows' tokens; the TP, PP and CP ranks of one row count it each.
         dims = self.parallel_dims
-        all_ranks_tokens = self.ntokens_since_last_log * dims.world_size // (dims.tp * dims.pp)
+        all_ranks_tokens = self.ntokens_since_last_log * dims.world_size // dims.non_data_parallel_size
         tflops = self.num_flops_per_token * tps / 1e12
         mfu = None
         if not (self.has_quantization or math.isnan(self.gpu_peak_flops)):

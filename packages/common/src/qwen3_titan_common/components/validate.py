@@ -32,6 +32,8 @@ from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.data.validation import ValidationDataLoader, choose_validation_data
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.models.attention import document_attention_of, uses_document_blocks
+from qwen3_titan_common.models.context_parallel import split_for_context_parallel
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.runtime.quiet import titan_log_level_at_least
 
@@ -77,6 +79,18 @@ class Qwen3Validator(Validator):
 
     def should_validate(self, step: int) -> bool:
         return Validator.should_validate(self, step) or step == self.config.last_step
+
+    def post_dataloading_process(self, input_dict, labels, model_parts):
+        """torchtitan's, except under context parallelism with our per-document attention (as the trainer's)."""
+        model_config = getattr(model_parts[0], "config", None)
+        if not (self.parallel_dims.cp_enabled and uses_document_blocks(model_config)):
+            return Validator.post_dataloading_process(self, input_dict, labels, model_parts)
+        return split_for_context_parallel(
+            input_dict,
+            labels,
+            attention=document_attention_of(model_config),
+            group=self.parallel_dims.get_mesh("cp").get_group(),
+        )
 
 
 def _cuda_devices_in_use() -> list[int]:

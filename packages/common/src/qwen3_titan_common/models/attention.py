@@ -10,12 +10,20 @@ builds once per forward from the positions. Without positions it is plain causal
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention, VarlenAttention
+from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.models.context_parallel import (
+    ContextParallelBlocks,
+    block_size_for,
+    chunk_size,
+    gather_row,
+)
 from qwen3_titan_common.models.document_blocks import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_PAIRS_PER_CHUNK,
@@ -48,7 +56,9 @@ def document_causal_mask(positions_BL: torch.Tensor) -> torch.Tensor:
 
 class DocumentBlockAttention(ScaledDotProductAttention):
     """torchtitan's SDPA inner attention, per document and block-sparse when the model passes the batch's
-    :class:`DocumentBlocks` as its attention masks; plain causal SDPA without them (one document per row)."""
+    :class:`DocumentBlocks` as its attention masks; plain causal SDPA without them (one document per row).
+    Under context parallelism the masks are a CP rank's :class:`ContextParallelBlocks`
+    (``models.context_parallel``): its queries against the row's keys and values, gathered here."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(ScaledDotProductAttention.Config):
@@ -77,7 +87,7 @@ class DocumentBlockAttention(ScaledDotProductAttention):
         k_BLNH: torch.Tensor,
         v_BLNH: torch.Tensor,
         *,
-        attention_masks: DocumentBlocks | None = None,
+        attention_masks: DocumentBlocks | ContextParallelBlocks | None = None,
         scale: float | None = None,
         enable_gqa: bool = False,
         is_causal: bool = True,
@@ -87,6 +97,10 @@ class DocumentBlockAttention(ScaledDotProductAttention):
             return ScaledDotProductAttention.forward(
                 self, q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, is_causal=is_causal
             )
+        if isinstance(attention_masks, ContextParallelBlocks):
+            # This rank's queries against the whole row's keys and values, gathered from the CP group.
+            k_BLNH, v_BLNH = gather_row(k_BLNH, attention_masks), gather_row(v_BLNH, attention_masks)
+            return block_sparse_attention(q_BLNH, k_BLNH, v_BLNH, attention_masks.blocks, scale=scale)
         if not isinstance(attention_masks, DocumentBlocks):
             raise TypeError(
                 f"DocumentBlockAttention takes the batch's DocumentBlocks, got {type(attention_masks).__name__}"
@@ -109,3 +123,44 @@ def default_document_attention(device_kind: str) -> DocumentAttention:
     """torchtitan's block-causal Flex on CUDA (its default for language models); block-sparse attention on
     the CPU (Flex has no CPU backward) and on Neuron (no Flex or varlen there)."""
     return "flex" if device_kind == "cuda" else "blocks"
+
+
+def document_attention_of(model_config):
+    """The block-sparse per-document attention settings (``DocumentBlockAttention.Config``) a model config
+    computes with, or None: a torchtitan decoder's inner attention, or what a model config of another kind
+    says through its own ``document_attention()`` (hf-v5's transformers model)."""
+    own = getattr(model_config, "document_attention", None)
+    if callable(own):
+        return own()
+    inner = getattr(getattr(model_config, "first_attention", None), "inner_attention", None)
+    return inner if isinstance(inner, DocumentBlockAttention.Config) else None
+
+
+def uses_document_blocks(model_config) -> bool:
+    """Whether a model config's attention is our block-sparse per-document attention."""
+    return document_attention_of(model_config) is not None
+
+
+def with_document_context_parallel(config):
+    """``config`` set up for context parallelism over our attention, where it asks for CP (else itself).
+
+    The CP split is this module's (the trainer's and validator's ``post_dataloading_process``) and the gather
+    is the attention's own, so the model is parallelised on torchtitan's ``partial_dtensor`` path
+    (``models.context_parallel.parallelize_decoder``): its default ``spmd_types`` path refuses context parallelism for any attention
+    but Flex."""
+    parallelism = config.parallelism
+    attention = document_attention_of(config.model_spec.model)
+    degree, seq_len = parallelism.context_parallel_degree, config.training.seq_len
+    if degree <= 1 or attention is None or seq_len % (2 * degree):
+        return config  # a row that does not split is refused by the run's checks (train.preflight)
+    logger.info(
+        f"[layout] context parallel {degree}: each row of {seq_len} tokens in {2 * degree} chunks of "
+        f"{chunk_size(seq_len, degree)}, CP rank r holding chunks r and {2 * degree - 1}-r; keys and values "
+        f"gathered in each layer, block-sparse per document in blocks of "
+        f"{block_size_for(seq_len, degree, attention.block_size)}"
+    )
+    if parallelism.spmd_backend == "partial_dtensor":
+        return config
+    return dataclasses.replace(
+        config, parallelism=dataclasses.replace(parallelism, spmd_backend="partial_dtensor")
+    )

@@ -82,14 +82,27 @@ class DocumentBlocks:
 
     batch: int
     seq_len: int
+    """Queries per row."""
     block_size: int
     chunks: tuple[BlockChunk, ...]
     spans: tuple[SpanGroup, ...] = ()
     """The same pairs grouped for the CPU's fused kernel; empty with fixed shapes."""
+    key_len: int | None = None
+    """Keys per row where they are more than the queries (context parallelism: a rank's queries are some of
+    the row's blocks, its keys the whole row); None: the queries' row."""
 
     @property
     def blocks_per_row(self) -> int:
+        """Query blocks per row."""
         return -(-self.seq_len // self.block_size)
+
+    @property
+    def keys_per_row(self) -> int:
+        return self.seq_len if self.key_len is None else self.key_len
+
+    @property
+    def key_blocks_per_row(self) -> int:
+        return -(-self.keys_per_row // self.block_size)
 
     @property
     def num_pairs(self) -> int:
@@ -109,11 +122,16 @@ def document_blocks(
     block_size: int = DEFAULT_BLOCK_SIZE,
     pairs_per_chunk: int = DEFAULT_PAIRS_PER_CHUNK,
     fixed_shapes: bool = False,
+    query_blocks: torch.Tensor | None = None,
 ) -> DocumentBlocks | None:
     """The block pairs of ``(batch, seq)`` positions that restart at 0 where each document starts; None when
     every row is one document, where plain causal attention is the same and its fused kernel is faster.
 
     A row that begins inside a document (no 0 first) holds that document's tail as its first one.
+
+    ``query_blocks``: the row's block indices whose queries are computed, in the order the queries are held
+    (context parallelism: a rank's share of the row, ``models.context_parallel``); the keys are then the whole
+    row, and the pairs are built even for rows of one document (the queries are not the keys' row).
     """
     if positions_BL.dim() != 2:
         raise ValueError(f"positions must be (batch, seq), got shape {tuple(positions_BL.shape)}")
@@ -122,7 +140,7 @@ def document_blocks(
     n = -(-seq_len // block_size)
     padded = n * block_size
     starts_BL = (positions_BL == 0).to(torch.int64)
-    if not bool(starts_BL[:, 1:].any()):
+    if query_blocks is None and not bool(starts_BL[:, 1:].any()):
         return None
     token_L = torch.arange(seq_len, device=device)
     # Each token's document: how many documents started up to it; the block padding past seq_len is -1, a
@@ -131,16 +149,21 @@ def document_blocks(
     doc_BL[:, :seq_len] = torch.cumsum(starts_BL, dim=1)
     # Where each token's document starts (0 for a row's leading tail).
     first_BL = torch.cummax(torch.where(starts_BL.bool(), token_L, 0), dim=1).values
-    block_Bn = torch.arange(n, device=device)
-    low_Bn = first_BL[:, block_Bn * block_size] // block_size
-    count_Q = (block_Bn - low_Bn + 1).flatten()
-    low_Q = (low_Bn + torch.arange(batch, device=device)[:, None] * n).flatten()
+    queries_q = torch.arange(n, device=device) if query_blocks is None else query_blocks.to(device)
+    if queries_q.numel() and (int(queries_q.min()) < 0 or int(queries_q.max()) >= n):
+        raise ValueError(f"query blocks {queries_q.tolist()} outside a row of {n} blocks")
+    row_Bq = torch.arange(batch, device=device)[:, None] * n
+    low_Bq = first_BL[:, queries_q * block_size] // block_size
+    count_Q = (queries_q - low_Bq + 1).flatten()
+    # Flat key-block indices (batch x key blocks): each query block's own, and the first its keys need.
+    block_Q = (queries_q + row_Bq).flatten()
+    low_Q = (low_Bq + row_Bq).flatten()
     counts = count_Q.tolist()
     # A query block's pairs always fit one chunk; with fixed shapes, whatever the batch (at most a row's blocks).
     pairs_per_chunk = max(pairs_per_chunk, n if fixed_shapes else max(counts))
 
-    num_query = batch * n
-    doc_Qb = doc_BL.view(num_query, block_size)
+    num_query = count_Q.numel()
+    doc_T = doc_BL.flatten()
     offset_b = torch.arange(block_size, device=device)
     chunks: list[BlockChunk] = []
     begin = 0
@@ -153,9 +176,10 @@ def document_blocks(
         first_of_query = torch.cumsum(count_Q[begin:end], 0) - count_Q[begin:end]
         step_P = torch.arange(pairs, device=device) - first_of_query.repeat_interleave(count_Q[begin:end])
         key_P = low_Q[query_P] + step_P
-        query_tok = (query_P % n)[:, None] * block_size + offset_b
-        key_tok = (key_P % n)[:, None] * block_size + offset_b
-        allowed_PQK = (doc_Qb[query_P][:, :, None] == doc_Qb[key_P][:, None, :]) & (
+        # Flat token indices in the keys' rows: a pair's query and key are in one row, so order is causality.
+        query_tok = block_Q[query_P][:, None] * block_size + offset_b
+        key_tok = key_P[:, None] * block_size + offset_b
+        allowed_PQK = (doc_T[query_tok][:, :, None] == doc_T[key_tok][:, None, :]) & (
             query_tok[:, :, None] >= key_tok[:, None, :]
         )
         if fixed_shapes and pairs < pairs_per_chunk:
@@ -174,17 +198,26 @@ def document_blocks(
             torch.zeros(pairs_per_chunk, block_size, block_size, dtype=torch.bool, device=device),
         )
         chunks.extend([empty] * (2 ** math.ceil(math.log2(len(chunks))) - len(chunks)))
-    spans = () if fixed_shapes else _span_groups(doc_BL.flatten(), low_Q, count_Q, block_size)
+    spans = () if fixed_shapes else _span_groups(doc_T, block_Q, low_Q, count_Q, block_size)
+    if query_blocks is None:
+        return DocumentBlocks(
+            batch=batch, seq_len=seq_len, block_size=block_size, chunks=tuple(chunks), spans=spans
+        )
     return DocumentBlocks(
-        batch=batch, seq_len=seq_len, block_size=block_size, chunks=tuple(chunks), spans=spans
+        batch=batch,
+        seq_len=int(queries_q.numel()) * block_size,
+        block_size=block_size,
+        chunks=tuple(chunks),
+        spans=spans,
+        key_len=seq_len,
     )
 
 
 def _span_groups(
-    doc_T: torch.Tensor, low_Q: torch.Tensor, count_Q: torch.Tensor, block_size: int
+    doc_T: torch.Tensor, block_Q: torch.Tensor, low_Q: torch.Tensor, count_Q: torch.Tensor, block_size: int
 ) -> tuple[SpanGroup, ...]:
     """The query blocks grouped by their number of key blocks; each one's keys run from its first token's
-    document's first block to its own, in its own row."""
+    document's first block to its own, in its own row (``block_Q``: each query block's flat key-block index)."""
     offset_b = torch.arange(block_size, device=doc_T.device)
     groups = []
     for count in torch.unique(count_Q).tolist():
@@ -192,7 +225,7 @@ def _span_groups(
         key_GS = (low_Q[query_G] * block_size)[:, None] + torch.arange(
             count * block_size, device=doc_T.device
         )
-        query_Gb = query_G[:, None] * block_size + offset_b
+        query_Gb = block_Q[query_G][:, None] * block_size + offset_b
         allowed_GbS = (doc_T[query_Gb][:, :, None] == doc_T[key_GS][:, None, :]) & (
             query_Gb[:, :, None] >= key_GS[:, None, :]
         )
@@ -203,7 +236,7 @@ def _span_groups(
 def _padded(x_BLHD: torch.Tensor, blocks: DocumentBlocks) -> torch.Tensor:
     """``(batch, seq, heads, dim)`` -> ``(batch x padded seq, heads, dim)``, rows padded to whole blocks."""
     batch, seq_len, heads, dim = x_BLHD.shape
-    pad = blocks.blocks_per_row * blocks.block_size - seq_len
+    pad = -seq_len % blocks.block_size
     return torch.nn.functional.pad(x_BLHD, (0, 0, 0, 0, 0, pad)).view(-1, heads, dim)
 
 
@@ -287,10 +320,10 @@ class _BlockSparseAttention(torch.autograd.Function):
             grad_k.index_add_(0, chunk.key_P, grad_scores.transpose(-1, -2) @ q_P)
             grad_v.index_add_(0, chunk.key_P, probs.transpose(-1, -2) @ grad_out_P)
         grad_q = grad_q * scale
-        b, n = blocks.block_size, blocks.blocks_per_row
+        b, n = blocks.block_size, blocks.key_blocks_per_row
 
         def kv_back(x):
-            return x.permute(0, 2, 1, 3).reshape(blocks.batch, n * b, kv_heads, -1)[:, : blocks.seq_len]
+            return x.permute(0, 2, 1, 3).reshape(blocks.batch, n * b, kv_heads, -1)[:, : blocks.keys_per_row]
 
         return (
             _from_grouped(grad_q, blocks, heads).to(q_BLHD.dtype),
@@ -353,7 +386,7 @@ class _SpanAttention(torch.autograd.Function):
             grad_v_THD.index_add_(0, keys, grad_v.transpose(1, 2).reshape(-1, *v_THD.shape[1:]))
 
         def unpadded(x_THD):
-            return x_THD.view(batch, -1, *x_THD.shape[1:])[:, :seq_len]
+            return x_THD.view(batch, -1, *x_THD.shape[1:])[:, : blocks.keys_per_row]
 
         grad_q_BLHD = grad_q_QHbD.permute(0, 2, 1, 3).reshape(batch, -1, heads, dim)[:, :seq_len]
         return grad_q_BLHD, unpadded(grad_k_THD), unpadded(grad_v_THD), None, None
@@ -394,9 +427,10 @@ def block_sparse_attention(
     """Per-document causal attention of ``(batch, seq, heads, head_dim)`` queries over ``(batch, seq, kv heads,
     head_dim)`` keys and values (grouped-query when there are fewer kv heads), computing only ``blocks``."""
     batch, seq_len, heads, dim = q_BLHD.shape
-    if (batch, seq_len) != (blocks.batch, blocks.seq_len):
+    if (batch, seq_len, k_BLHD.shape[1]) != (blocks.batch, blocks.seq_len, blocks.keys_per_row):
         raise ValueError(
-            f"document blocks for {blocks.batch} x {blocks.seq_len}, queries {batch} x {seq_len}"
+            f"document blocks for {blocks.batch} x {blocks.seq_len} queries over {blocks.keys_per_row} keys, "
+            f"got {batch} x {seq_len} over {k_BLHD.shape[1]}"
         )
     if heads % k_BLHD.shape[2]:
         raise ValueError(f"{heads} query heads do not group over {k_BLHD.shape[2]} kv heads")

@@ -46,7 +46,9 @@ from qwen3_titan_common.models.attention import (
     DocumentBlockAttention,
     default_document_attention,
     inner_attention_config,
+    uses_document_blocks,
 )
+from qwen3_titan_common.models.context_parallel import parallelize_decoder
 from qwen3_titan_common.models.experts import ActivationDtypeGroupedExperts
 from qwen3_titan_common.models.fsdp_comms import parallelized_for_the_job
 from qwen3_titan_common.models.routing import record_routing, recording_router_config
@@ -289,12 +291,20 @@ class Qwen3TitanStateDictAdapter(Qwen3StateDictAdapter):
         self.hf_assets_path = hf_assets_path
 
 
+def parallelize_qwen3_documents(model: Qwen3Model, **kwargs) -> Qwen3Model:
+    """torchtitan's ``parallelize_qwen3``; under context parallelism with our per-document attention, the same
+    steps without torchtitan's CP wrapping of the attention (``models.context_parallel``)."""
+    if kwargs["parallel_dims"].cp_enabled and uses_document_blocks(model.config):
+        return parallelize_decoder(model, **kwargs)
+    return parallelize_qwen3(model, **kwargs)
+
+
 def titan_qwen3_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
     return ModelSpec(
         name="qwen3",
         flavor=flavor,
         model=titan_qwen3_model_config(arch),
-        parallelize_fn=parallelized_for_the_job(parallelize_qwen3),
+        parallelize_fn=parallelized_for_the_job(parallelize_qwen3_documents),
         pipelining_fn=pipeline_llm,
         post_optimizer_build_fn=register_moe_load_balancing_hook if arch.is_moe else None,
         state_dict_adapter=Qwen3TitanStateDictAdapter,

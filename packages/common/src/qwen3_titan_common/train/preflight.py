@@ -20,6 +20,7 @@ from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
 from qwen3_titan_common.launcher.short_flags import short_flag_of
+from qwen3_titan_common.models.attention import uses_document_blocks
 from qwen3_titan_common.models.layout import Layout, resolve_layout
 from qwen3_titan_common.runtime.disk import (
     DiskSpaceError,
@@ -126,7 +127,13 @@ def _check_parallel_shapes(config, layout: Layout) -> None:
             "input embeddings (config.json tie_word_embeddings true), and the first and last pipeline stages "
             "cannot share one weight; use 1, or a model with untied embeddings"
         )
-    if layout.cp > 1 and _uses_sdpa_or_varlen(config.model_spec.model):
+    model = config.model_spec.model
+    if layout.cp > 1 and uses_document_blocks(model) and layout.pp > 1:
+        raise UserInputError(
+            f"--parallelism.context_parallel_degree {layout.cp} with --parallelism.pipeline_parallel_degree "
+            f"{layout.pp}: per-document context parallelism does not run under pipeline stages yet; use one of them"
+        )
+    if layout.cp > 1 and not uses_document_blocks(model) and _uses_sdpa_or_varlen(model):
         raise UserInputError(
             f"--parallelism.context_parallel_degree {layout.cp}: this backend's attention is SDPA, and "
             "torchtitan 0.3.0 runs context parallelism with Flex attention only; use 1"

@@ -72,6 +72,12 @@ from qwen3_titan_common.launcher.summary import (
     report,
     summary_of,
 )
+from qwen3_titan_common.models.attention import (
+    document_attention_of,
+    uses_document_blocks,
+    with_document_context_parallel,
+)
+from qwen3_titan_common.models.context_parallel import split_for_context_parallel
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
 from qwen3_titan_common.perf.progress import Phase
@@ -266,6 +272,20 @@ class Qwen3Trainer(Trainer):
         return dataclasses.replace(
             config, training=dataclasses.replace(config.training, disable_cuda_graphs=True)
         )
+
+    def post_dataloading_process(self, input_dict, labels):
+        """torchtitan's, except under context parallelism with our per-document attention: this CP rank's share
+        of each row and its block pairs against the whole row (``models.context_parallel``)."""
+        if not (self.parallel_dims.cp_enabled and uses_document_blocks(self.model_config)):
+            return super().post_dataloading_process(input_dict, labels)
+        inputs, labels, extra = split_for_context_parallel(
+            input_dict,
+            labels,
+            attention=document_attention_of(self.model_config),
+            group=self.parallel_dims.get_mesh("cp").get_group(),
+        )
+        self.ntokens_seen += labels.numel()
+        return inputs, labels, extra
 
     def batch_generator(self, data_iterable):
         """torchtitan's batches, each one's trained tokens (labels not ignored) counted for the step line."""
@@ -487,4 +507,5 @@ def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Tr
     config = with_router_balance(dataclasses.replace(config, **changes), where)
     config = with_trained_token_loss(config)
     config = with_expert_exchange(config, titan_utils.device_type)
+    config = with_document_context_parallel(config)
     return start, with_lora(config, start)
