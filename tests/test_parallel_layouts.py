@@ -262,21 +262,27 @@ def test_expert_parallel_computes_and_exports_what_one_rank_does(tmp_path):
 
 
 @pytest.mark.slow
-def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path):
+@pytest.mark.parametrize(
+    "flags, layout, batch",
+    [
+        (["--batch-size", "4"], "dp_replicate 1 x dp_shard(FSDP) 2 x context 1", 8),
+        ([CP, "2", "--batch-size", "4"], "dp_replicate 1 x dp_shard(FSDP) 1 x context 2", 4),
+    ],
+    ids=["fsdp-2", "cp-2"],
+)
+def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path, flags, layout, batch):
     env = {
         **os.environ,
         "QWEN3_TITAN_DEVICE": "cpu",
         "QWEN3_TITAN_BACKEND": "native-backend",
         "OMP_NUM_THREADS": "1",
     }
-    command = [TRAIN, "--check-layout", "--nproc", "2", "--batch-size", "4", "--seq-len", str(SEQ_LEN)]
+    command = [TRAIN, "--check-layout", "--nproc", "2", *flags, "--seq-len", str(SEQ_LEN)]
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("[check] ")]
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert lines[-1].startswith("[check] 2 ranks = dp_replicate 1 x dp_shard(FSDP) 2") and lines[-1].endswith(
-        ": ok"
-    )
-    assert "2 of the model's 4 layers, 3 steps, global batch 8 x 128" in lines[-1]
+    assert lines[-1].startswith(f"[check] 2 ranks = {layout}") and lines[-1].endswith(": ok")
+    assert f"2 of the model's 4 layers, 3 steps, global batch {batch} x 128" in lines[-1]
     assert (
         list(tmp_path.iterdir()) == []
     )  # nothing written where it ran (its runs went to a temporary folder)

@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import subprocess
@@ -23,6 +24,11 @@ def test_64_rank_layout_of_the_recipe_4b_config():
         "[dry-run] memory fits:" in proc.stdout and "(trn2: 24 GiB per logical core at LNC=2)" in proc.stdout
     )
     assert "+ process" not in proc.stdout
+    # In trn2's precision, whatever this CPU computes in.
+    assert (
+        "[dry-run] precision: bf16 compute, fp32 master weights (torchtitan's default on neuron)"
+        in proc.stdout
+    )
     assert "64 ranks = dp_replicate 1 x dp_shard(FSDP) 64" in proc.stdout
     # 4.02B parameters sharded 64 ways: about 63M per rank (plus FSDP padding).
     found = re.search(r"([0-9,]+) parameters, ([0-9,]+) on rank 0", proc.stdout)
@@ -179,3 +185,45 @@ def test_two_cpu_ranks_hold_half_the_state_one_rank_holds_whole(tmp_path):
         half = one[kind] / 2
         assert half <= two[kind] <= half * 1.02, (kind, described)
     assert 0 < two["grads"] < one["grads"], described
+
+
+_LONG_ROW = """
+import json, sys
+from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
+from qwen3_titan_common.launcher.plan import LaunchPlan
+from qwen3_titan_common.perf.fit import RankMemory
+from qwen3_titan_common.train.memory_check import estimate_rank0, with_context_parallel
+
+plan = LaunchPlan(
+    module="qwen3_titan_native", config="debug", nproc_per_node=8, nnodes=1, node_rank=0,
+    rdzv_endpoint="localhost:0",
+    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "2048"],
+)
+with as_fake_rank(plan):
+    config, _ = checked_config(plan)
+    job, estimate = estimate_rank0(plan, config, "cuda")
+    arch = config.architecture
+    memory = RankMemory(int(estimate.total_bytes * 0.7), "a small GPU")
+    degree, tried = with_context_parallel(job, estimate, memory)
+shape = [arch.num_key_value_heads, arch.head_dim, arch.num_hidden_layers]
+print(json.dumps([degree, estimate.by_kind, tried.by_kind, memory.bytes_per_rank, shape]))
+"""
+
+
+def test_a_long_row_that_does_not_fit_is_shown_the_context_parallel_degree_that_does(tmp_path):
+    """Context parallelism, checked by the same estimate (in a process of its own: each estimate lays a fake
+    mesh out): each rank tracks its share of the row, and the whole row's gathered keys and values each layer
+    keeps for its backward are added."""
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _LONG_ROW, str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    degree, whole, split, memory, (kv_heads, head_dim, layers) = json.loads(
+        proc.stdout.strip().splitlines()[-1]
+    )
+    assert degree in (2, 4, 8) and sum(split.values()) <= memory < sum(whole.values())
+    # The rank's share of the activations, and more: every layer keeps the row's gathered keys and values.
+    gathered = 2 * (2048 - 2048 // degree) * kv_heads * head_dim * 2 * layers
+    assert split["activations"] >= whole["activations"] / degree + gathered * 0.99
+    assert split["activations"] < whole["activations"]

@@ -147,6 +147,9 @@ def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
         return Qwen3Trainer.resolved_and_checked(without, deferred=pending)[1], pending
 
 
+PRECISION_FLAG = "training.mixed_precision_param"
+
+
 def dry_run(plan: PlannedJob) -> int:
     """Lay out and shard rank 0 of ``plan`` after every check its ranks would run."""
     from qwen3_titan_common.perf.memory import local_numel
@@ -171,11 +174,22 @@ def dry_run(plan: PlannedJob) -> int:
     print(f"[dry-run] layout: {layout.describe()}")
     from qwen3_titan_common.perf.precision import default_compute_precision, precision_line
 
-    # The dry run lays the job out on this machine's CPU, so the default is this CPU's; a job for
-    # another device kind is planned with its precision named on the command line.
-    asked, default = config.training.mixed_precision_param, default_compute_precision("cpu")
-    other = "; another device's: --training.mixed_precision_param" if asked == default.dtype else ""
-    print(f"[dry-run] precision: {precision_line(asked, 'cpu', default)}{other}")
+    # The dry run lays the job out on this machine's CPU. A job planned for another device kind
+    # (--memory-per-rank trn2|h100|h200) computes in that device's default precision unless the command names one;
+    # a job here in this CPU's.
+    named = any(arg.lstrip("-").replace("-", "_").startswith(PRECISION_FLAG) for arg in plan.passthrough)
+    planned = job_device if job_device in ("neuron", "cuda") else "cpu"
+    default = default_compute_precision(planned)
+    if planned != "cpu" and not named:
+        training = dataclasses.replace(config.training, mixed_precision_param=default.dtype)
+        config = dataclasses.replace(config, training=training)
+    asked = config.training.mixed_precision_param
+    other = (
+        "; another device's: --training.mixed_precision_param"
+        if asked == default.dtype and planned == "cpu"
+        else ""
+    )
+    print(f"[dry-run] precision: {precision_line(asked, planned, default)}{other}")
 
     try:
         job, estimate = estimate_rank0(plan, config, job_device)

@@ -73,18 +73,21 @@ class JobModel:
         config = self.config
         arch = getattr(config, "architecture", None)
         vocab = arch.vocab_size if arch is not None else self.spec.model.vocab_size
+        cp = self.parallel_dims.cp
         try:
-            return track_step(
+            memory = track_step(
                 lambda: self.sharded_model(ac_config),
                 lambda model: config.optimizer.build(model_parts=[model]),
                 batch=batch,
-                seq_len=config.training.seq_len,
+                # Under context parallelism a rank computes its share of each row (models.context_parallel).
+                seq_len=config.training.seq_len // cp,
                 vocab_size=vocab,
                 baseline_bytes=baseline_bytes,
                 # The trained-token loss is the CPU's (components.loss); a job planned here for another device has none.
                 loss_chunks=getattr(config.loss, "num_chunks", None) if self.device_kind == "cpu" else None,
                 gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
             )
+            return self._with_gathered_rows(memory, batch=batch, ac_config=ac_config)
         except fake_tensor_data_dependent_errors():
             import torch
 
@@ -103,6 +106,24 @@ class JobModel:
                 recomputed=ac_config is not None,
                 baseline_bytes=baseline_bytes,
             )
+
+    def _with_gathered_rows(self, memory: StepMemory, *, batch: int, ac_config) -> StepMemory:
+        """``memory`` plus what context parallelism adds and a fake step of the rank's share does not show: each
+        layer keeps the whole row's gathered keys and values for its backward (every layer's, or one layer's at
+        a time when full recomputation recomputes them), beside the rank's own share the tracker counted."""
+        cp = self.parallel_dims.cp
+        arch = getattr(self.config, "architecture", None)
+        if cp <= 1 or arch is None:
+            return memory
+        seq_len = self.config.training.seq_len
+        dtype_bytes = 4 if self.config.training.mixed_precision_param == "float32" else 2
+        kv_heads = max(1, arch.num_key_value_heads // self.parallel_dims.tp)
+        per_layer = 2 * batch * (seq_len - seq_len // cp) * kv_heads * arch.head_dim * dtype_bytes
+        from torchtitan.distributed.activation_checkpoint import FullAC
+
+        layers = 1 if isinstance(ac_config, FullAC.Config) else arch.num_hidden_layers
+        by_kind = {**memory.by_kind, "activations": memory.by_kind["activations"] + per_layer * layers}
+        return dataclasses.replace(memory, by_kind=by_kind)
 
 
 def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
@@ -135,6 +156,14 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
             f"activation-checkpoint:full as the last argument (~{recomputed.total_bytes / GIB:.2f} GiB)"
         )
     if fitting is None:
+        split = with_context_parallel(job, estimate, memory)
+        if split is not None:
+            degree, tried = split
+            found.append(
+                f"--parallelism.context_parallel_degree {degree} (each row's tokens over {degree} ranks; "
+                f"~{tried.total_bytes / GIB:.2f} GiB per rank)"
+            )
+    if fitting is None and not found:
         wider = with_more_nodes(job, estimate, memory, nnodes)
         if wider is not None:
             nodes, ranks, tried = wider
@@ -145,8 +174,8 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
     hint = (
         "fits by the same estimate: " + "; or ".join(found)
         if found
-        else f"no smaller batch, recomputation or up to {MORE_NODES[-1]}x the nodes fits by the same estimate: "
-        "train LoRA adapters, or shard with tensor or pipeline parallelism"
+        else f"no smaller batch, recomputation, context parallelism or up to {MORE_NODES[-1]}x the nodes fits by "
+        "the same estimate: train LoRA adapters, or shard with tensor or pipeline parallelism"
     )
     return (
         f"--training.local_batch_size {config.training.local_batch_size} (--batch-size) x --training.seq_len "
@@ -205,6 +234,40 @@ def with_more_nodes(
         )
         if tried.total_bytes <= memory.bytes_per_rank:
             return nnodes * factor, world * factor, tried
+    return None
+
+
+def with_context_parallel(job: JobModel, estimate: StepMemory, memory) -> tuple[int, StepMemory] | None:
+    """(degree, its estimate) for the smallest context-parallel degree above the job's, over the job's own ranks,
+    at which one row fits, tracked like the job; None where the model's attention has no CP of ours
+    (``models.context_parallel``) or no degree that divides the ranks and the row fits. Restarts the fake process
+    group, so ``job`` is not to be used afterwards."""
+    import torch.distributed as dist
+
+    from qwen3_titan_common.models.attention import uses_document_blocks, with_document_context_parallel
+    from qwen3_titan_common.models.layout import LayoutError, resolve_layout
+
+    config = job.config
+    world, seq_len = job.parallel_dims.world_size, config.training.seq_len
+    if not uses_document_blocks(config.model_spec.model) or job.parallel_dims.pp_enabled:
+        return None
+    degree = job.parallel_dims.cp * 2
+    while degree <= world:
+        parallelism = dataclasses.replace(config.parallelism, context_parallel_degree=degree)
+        if world % degree == 0 and seq_len % (2 * degree) == 0:
+            try:
+                resolve_layout(parallelism, world)
+            except LayoutError:
+                return None
+            split = with_document_context_parallel(dataclasses.replace(config, parallelism=parallelism))
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            tried = dataclasses.replace(job, config=split, parallel_dims=fake_mesh(split, world)).step_memory(
+                batch=1, ac_config=config.activation_checkpoint, baseline_bytes=estimate.baseline_bytes
+            )
+            if tried.total_bytes <= memory.bytes_per_rank:
+                return degree, tried
+        degree *= 2
     return None
 
 
