@@ -16,7 +16,9 @@ SEQ = 16
 BACKENDS = {"native": None, "hf-v5": "hf-v5-backend", "nki-moe": "nki-moe-backend"}
 
 
-CHECKPOINTS = {"dense-tied": (False, True), "moe-untied": (True, False)}
+CHECKPOINTS = {"dense-tied": (False, True), "moe-untied": (True, False), "moe-yarn": (True, False)}
+# Qwen3's long-context setting as its model cards write it, scaled to the tiny model's positions.
+YARN = {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}}
 # nki-moe-backend trains Qwen3-MoE only.
 CASES = [
     (backend, kind)
@@ -31,7 +33,11 @@ def checkpoints(tmp_path_factory):
     # Shards small enough that a layer's tensors (and the tied pair) fall in different files.
     return {
         kind: make_tiny_checkpoint(
-            tmp_path_factory.mktemp(kind) / "m", moe=moe, tied=tied, max_shard_size="200KB"
+            tmp_path_factory.mktemp(kind) / "m",
+            moe=moe,
+            tied=tied,
+            max_shard_size="200KB",
+            config_changes=YARN if kind.endswith("yarn") else None,
         )
         for kind, (moe, tied) in CHECKPOINTS.items()
     }

@@ -159,8 +159,9 @@ _MOE = "Qwen3-30B-A3B"
 @pytest.mark.parametrize(
     ("base", "change", "message"),
     [
-        ("Qwen3-0.6B", {"rope_scaling": {"type": "yarn", "factor": 4.0}}, "field 'rope_scaling'"),
-        ("Qwen3-0.6B", {"rope_scaling": {"rope_type": "yarn"}}, "field 'rope_scaling'"),
+        ("Qwen3-0.6B", {"rope_scaling": {"type": "dynamic", "factor": 4.0}}, "field 'rope_scaling'"),
+        ("Qwen3-0.6B", {"rope_scaling": {"rope_type": "longrope"}}, "field 'rope_scaling'"),
+        ("Qwen3-0.6B", {"rope_scaling": {"rope_type": "yarn"}}, "Qwen3Config refuses it: .*'factor'"),
         (
             "Qwen3-0.6B",
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},

@@ -608,7 +608,7 @@ def test_model_dir_config_not_json(fails, model):
 
 def test_model_dir_unsupported_rope_scaling(fails, model):
     config = json.loads((model / "config.json").read_text())
-    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    config["rope_scaling"] = {"rope_type": "dynamic", "factor": 4.0}
     _write(model / "config.json", json.dumps(config))
     fails(["--hf-model", str(model)], "rope_scaling")
 

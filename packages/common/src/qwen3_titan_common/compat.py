@@ -123,6 +123,8 @@ SUBCLASS_HOOKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         # init_states() calls _init_self_buffers for the buffers a module computes (RoPE caches); the
         # protocol's docstring names it as the override point.
         "torchtitan.protocols.module.Module": ("_init_self_buffers",),
+        # Each RoPE format (ComplexRoPE, CosSinRoPE) is a subclass overriding how its cache is computed.
+        "torchtitan.models.common.rope.RoPE": ("_precompute_cache",),
     }
 )
 """The private hooks a subclass of each upstream class ('module.Class') may override and call."""

@@ -46,15 +46,18 @@ def make_tiny_checkpoint(
     with_tokenizer: bool = True,
     vocab_size: int = 4096,
     tokenizer_dir: Path | None = None,
+    config_changes: dict | None = None,
 ) -> Path:
-    """Save a randomly initialised tiny model (and a tokenizer: the embedded one unless ``tokenizer_dir``)."""
+    """Save a randomly initialised tiny model (and a tokenizer: the embedded one unless ``tokenizer_dir``).
+    ``config_changes``: fields of its config.json other than the tiny one's (``rope_scaling``...)."""
     from qwen3_titan_common.assets import default_tokenizer_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_qwen3_config(moe=moe, tied=tied, vocab_size=vocab_size)).to(
-        dtype
-    )
+    config = tiny_qwen3_config(moe=moe, tied=tied, vocab_size=vocab_size)
+    if config_changes:
+        config = type(config).from_dict({**config.to_dict(), **config_changes})
+    model = AutoModelForCausalLM.from_config(config).to(dtype)
     # Norm weights start at 1.0; perturb them so a loader that skips them is caught.
     with torch.no_grad():
         for name, param in model.named_parameters():

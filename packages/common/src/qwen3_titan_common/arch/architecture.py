@@ -45,6 +45,20 @@ class MoEArchitecture:
 
 
 @dataclass(frozen=True)
+class YarnScaling:
+    """YaRN's RoPE scaling, as transformers reads ``rope_scaling`` / ``rope_parameters`` (``rope_type: yarn``):
+    the inverse frequencies interpolated by ``factor`` below the wavelengths ``beta_fast``/``beta_slow`` bound,
+    and cos/sin scaled by ``attention_factor``."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float = 1.0
+
+
+@dataclass(frozen=True)
 class Qwen3Architecture:
     hidden_size: int
     num_hidden_layers: int
@@ -58,6 +72,7 @@ class Qwen3Architecture:
     rms_norm_eps: float
     tie_word_embeddings: bool
     moe: MoEArchitecture | None = None
+    yarn: YarnScaling | None = None
     # The config.json this came from, kept so exports can start from it.
     source: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -153,20 +168,21 @@ def _check_required(config: Mapping[str, Any], model_type: str, where: str) -> N
 def _check_rope_scaling(config: Mapping[str, Any], where: str) -> None:
     # Checked as the file wrote it, before transformers sees it: transformers folds rope_scaling into
     # rope_parameters (losing the field's name) and validates the scaling parameters first. Plain RoPE
-    # written out ({"rope_type": "default"}, or the older "type") is what transformers reads as no scaling.
+    # written out ({"rope_type": "default"}, or the older "type") is what transformers reads as no scaling;
+    # YaRN (Qwen3's 131,072 tokens) is read as transformers reads it (_yarn).
     scaling = config.get("rope_scaling")
     if scaling is None:
         return
+    kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, Mapping) else None
     plain = (
-        isinstance(scaling, Mapping)
+        kind == "default"
         and {key: value for key, value in scaling.items() if key not in ("rope_type", "type", "rope_theta")}
         == {}
-        and scaling.get("rope_type", scaling.get("type")) == "default"
     )
-    if not plain:
+    if not plain and kind != "yarn":
         raise ArchitectureError(
-            f"{where}: field 'rope_scaling'={scaling!r} is not supported (expected None or "
-            "{'rope_type': 'default'}: plain RoPE)"
+            f"{where}: field 'rope_scaling'={scaling!r} is not supported (expected None, "
+            "{'rope_type': 'default'}: plain RoPE, or {'rope_type': 'yarn', ...}: YaRN)"
         )
 
 
@@ -227,9 +243,10 @@ def _check_supported(hf: PreTrainedConfig, where: str) -> None:
                 f"{where}: field '{key}'={getattr(hf, key)!r} is not supported (expected {supported!r})"
             )
     rope_type = hf.rope_parameters.get("rope_type")
-    if rope_type != "default":
+    if rope_type not in ("default", "yarn"):
         raise ArchitectureError(
-            f"{where}: rope_parameters.rope_type={rope_type!r} is not supported (expected 'default': plain RoPE)"
+            f"{where}: rope_parameters.rope_type={rope_type!r} is not supported (expected 'default': plain RoPE, "
+            "or 'yarn')"
         )
     if hf.hidden_act != "silu":
         raise ArchitectureError(
@@ -278,6 +295,32 @@ def _head_dim(hf: PreTrainedConfig) -> int:
     return getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
 
 
+def _yarn(hf: PreTrainedConfig, where: str) -> YarnScaling | None:
+    """YaRN's settings as transformers' ``_compute_yarn_parameters`` reads them (its attention factor too),
+    None for plain RoPE."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = hf.rope_parameters
+    if params.get("rope_type") != "yarn":
+        return None
+    try:
+        _, attention_factor = ROPE_INIT_FUNCTIONS["yarn"](copy.deepcopy(hf))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as err:
+        raise ArchitectureError(
+            f"{where}: rope_scaling (yarn) refused by transformers: {_one_line(err)}"
+        ) from err
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or hf.max_position_embeddings / original
+    return YarnScaling(
+        factor=float(factor),
+        original_max_position_embeddings=int(original),
+        beta_fast=float(params.get("beta_fast") or 32),
+        beta_slow=float(params.get("beta_slow") or 1),
+        truncate=bool(params.get("truncate", True)),
+        attention_factor=float(attention_factor),
+    )
+
+
 def _moe(hf: PreTrainedConfig) -> MoEArchitecture:
     return MoEArchitecture(
         num_experts=hf.num_experts,
@@ -311,6 +354,7 @@ def architecture_from_config(config: Mapping[str, Any], where: str = "config.jso
         rms_norm_eps=hf.rms_norm_eps,
         tie_word_embeddings=hf.tie_word_embeddings,
         moe=_moe(hf) if model_type == MOE_MODEL_TYPE else None,
+        yarn=_yarn(hf, where),
         source=dict(config),
     )
 

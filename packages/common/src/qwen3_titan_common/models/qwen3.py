@@ -91,12 +91,41 @@ def _attention(arch: Qwen3Architecture, kind: DocumentAttention, fixed_shapes: b
         wo_param_init=_linear_init(_residual_std(arch)) if arch.is_moe else _linear_init(),
         inner_attention=inner_attention_config(kind, fixed_shapes=fixed_shapes),
         fuse_qkv=True,
-        rope=CosSinRoPE.Config(
-            dim=arch.head_dim,
-            max_seq_len=arch.max_position_embeddings,
-            theta=arch.rope_theta,
-        ),
+        rope=_rope(arch),
         qk_norm=_norm(arch, arch.head_dim),
+    )
+
+
+class ScaledCosSinRoPE(CosSinRoPE):
+    """torchtitan's cos/sin RoPE with its cos and sin multiplied by ``attention_factor``, as transformers applies
+    YaRN (torchtitan's YaRN leaves that factor to the model's softmax scale, which its Qwen3 does not apply)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(CosSinRoPE.Config):
+        attention_factor: float = 1.0
+
+    def _precompute_cache(self) -> torch.Tensor:
+        return CosSinRoPE._precompute_cache(self) * self.config.attention_factor
+
+
+def _rope(arch: Qwen3Architecture) -> CosSinRoPE.Config:
+    """Plain RoPE, or YaRN as the checkpoint's config.json asks (``arch.yarn``)."""
+    if arch.yarn is None:
+        return CosSinRoPE.Config(
+            dim=arch.head_dim, max_seq_len=arch.max_position_embeddings, theta=arch.rope_theta
+        )
+    yarn = arch.yarn
+    return ScaledCosSinRoPE.Config(
+        dim=arch.head_dim,
+        max_seq_len=arch.max_position_embeddings,
+        theta=arch.rope_theta,
+        scaling="yarn",
+        rope_factor=yarn.factor,
+        beta_fast=yarn.beta_fast,
+        beta_slow=yarn.beta_slow,
+        original_seq_len=yarn.original_max_position_embeddings,
+        truncate=yarn.truncate,
+        attention_factor=yarn.attention_factor,
     )
 
 
