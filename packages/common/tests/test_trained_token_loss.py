@@ -11,12 +11,13 @@ from qwen3_titan_common.assets import default_architecture
 from qwen3_titan_common.compat import apply_lm_head_in_loss
 from qwen3_titan_common.components.loss import (
     TrainedTokenLoss,
+    loss_chunks,
     trained_token_loss_applies,
     with_trained_token_loss,
 )
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
 from qwen3_titan_common.train.tolerance import assert_close_reduction, reduction_atol
-from torchtitan.components.loss import IGNORE_INDEX, CrossEntropyLoss
+from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper, CrossEntropyLoss
 
 
 def _model():
@@ -124,10 +125,21 @@ def test_it_applies_on_the_cpu_with_whole_hidden_states_and_leaves_other_losses(
     wrapped = with_trained_token_loss(config)
     assert isinstance(wrapped.loss, TrainedTokenLoss.Config) and wrapped.loss.loss_fn is config.loss
     assert with_trained_token_loss(wrapped) is wrapped  # not wrapped twice
-    for field in ("tensor_parallel_degree", "context_parallel_degree", "pipeline_parallel_degree"):
+    # Context parallelism gives each rank whole tokens of its own: the trained ones are selected there too.
+    split = dataclasses.replace(
+        config, parallelism=dataclasses.replace(config.parallelism, context_parallel_degree=2)
+    )
+    assert isinstance(with_trained_token_loss(split).loss, TrainedTokenLoss.Config)
+    # Hidden states split along the vocabulary or in stages, or another device: torchtitan's chunked loss along
+    # the rows, in chunks that split a rank's rows equally (2048 tokens: 8; under CP 2 too).
+    for field in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         sharded = dataclasses.replace(
             config, parallelism=dataclasses.replace(config.parallelism, **{field: 2})
         )
-        assert with_trained_token_loss(sharded) is sharded, field
+        chunked = with_trained_token_loss(sharded).loss
+        assert type(chunked) is ChunkedLossWrapper.Config and chunked.loss_fn is config.loss, field
+        assert chunked.num_chunks == 8
     monkeypatch.setattr(titan_utils, "device_type", "cuda")
-    assert with_trained_token_loss(config) is config
+    chunked = with_trained_token_loss(config).loss
+    assert type(chunked) is ChunkedLossWrapper.Config and chunked.loss_fn is config.loss
+    assert [loss_chunks(n) for n in (2048, 100, 7, 1)] == [8, 5, 7, 1]

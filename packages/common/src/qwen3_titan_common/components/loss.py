@@ -13,8 +13,9 @@ the projection and the cross-entropy are fused (``perf.projection``) in buffers 
 chunks' losses and gradients without autocast's fresh buffers of the logits' and the weight's size.
 
 The selection has a shape that depends on the batch: not for Neuron (one graph per shape), CUDA graphs, or
-the layouts whose hidden states are sharded along the sequence or the vocabulary (tensor, context and
-pipeline parallelism), which keep torchtitan's plain cross-entropy (:func:`with_trained_token_loss`).
+the layouts whose hidden states are sharded along the vocabulary or split in stages (tensor and pipeline
+parallelism), which take torchtitan's own chunked loss along the rows instead (:func:`with_trained_token_loss`):
+on no layout are the logits at the vocabulary whole.
 """
 
 from __future__ import annotations
@@ -84,20 +85,32 @@ class TrainedTokenLoss(ChunkedLossWrapper):
 
 
 def trained_token_loss_applies(config) -> bool:
-    """Whether a run of ``config`` computes its loss on the trained tokens only: on the CPU, with its hidden
-    states whole on every rank (no tensor, context or pipeline parallelism)."""
+    """Whether a run of ``config`` computes its loss on the trained tokens only: on the CPU, with every rank's
+    hidden states whole along the vocabulary and its own share of the rows (no tensor or pipeline parallelism;
+    context parallelism gives a rank whole tokens of its own, with their own labels)."""
     parallelism = config.parallelism
     return (
         titan_utils.device_type == "cpu"
         and parallelism.tensor_parallel_degree == 1
-        and parallelism.context_parallel_degree == 1
         and parallelism.pipeline_parallel_degree == 1
     )
 
 
+def loss_chunks(local_seq_len: int, wanted: int = 8) -> int:
+    """Chunks of torchtitan's chunked loss for rows of ``local_seq_len`` tokens on a rank: the most, up to
+    ``wanted``, that split them equally (its requirement, and one shape for Neuron's compiler)."""
+    return max(n for n in range(1, wanted + 1) if local_seq_len % n == 0)
+
+
 def with_trained_token_loss(config):
-    """``config`` with its plain cross-entropy computed on the trained tokens only where that applies
-    (:func:`trained_token_loss_applies`); any other loss (the router balance loss) is left as it is."""
-    if type(config.loss) is not CrossEntropyLoss.Config or not trained_token_loss_applies(config):
+    """``config`` with its plain cross-entropy applied chunk by chunk, so that the logits at the vocabulary are
+    never whole (151,936 x 32k tokens would be 20 GB in fp32): on the trained tokens only where that applies
+    (:func:`trained_token_loss_applies`), else torchtitan's :class:`ChunkedLossWrapper` along each rank's rows
+    (fixed shapes, any layout). Any other loss (the router balance loss) is left as it is."""
+    if type(config.loss) is not CrossEntropyLoss.Config:
         return config
-    return dataclasses.replace(config, loss=TrainedTokenLoss.Config(loss_fn=config.loss))
+    if trained_token_loss_applies(config):
+        return dataclasses.replace(config, loss=TrainedTokenLoss.Config(loss_fn=config.loss))
+    local = config.training.seq_len // max(1, config.parallelism.context_parallel_degree)
+    chunked = ChunkedLossWrapper.Config(loss_fn=config.loss, num_chunks=loss_chunks(local))
+    return dataclasses.replace(config, loss=chunked)

@@ -83,8 +83,8 @@ class JobModel:
                 seq_len=config.training.seq_len // cp,
                 vocab_size=vocab,
                 baseline_bytes=baseline_bytes,
-                # The trained-token loss is the CPU's (components.loss); a job planned here for another device has none.
-                loss_chunks=getattr(config.loss, "num_chunks", None) if self.device_kind == "cpu" else None,
+                # Every layout's loss applies the output projection chunk by chunk (components.loss).
+                loss_chunks=getattr(config.loss, "num_chunks", None),
                 gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
             )
             return self._with_gathered_rows(memory, batch=batch, ac_config=ac_config)
