@@ -227,3 +227,28 @@ def test_a_long_row_that_does_not_fit_is_shown_the_context_parallel_degree_that_
     gathered = 2 * (2048 - 2048 // degree) * kv_heads * head_dim * 2 * layers
     assert split["activations"] >= whole["activations"] / degree + gathered * 0.99
     assert split["activations"] < whole["activations"]
+
+
+@pytest.mark.slow
+def test_a_batch_that_fits_only_recomputed_gets_full_activation_checkpointing(tmp_path):
+    shape = ["--batch-size", "1", "--seq-len", "2048", "--out", str(tmp_path / "dry")]
+    kept, recomputed = _dry_run(*shape), _dry_run(*shape, "activation-checkpoint:full")
+    assert kept.returncode == 0 and recomputed.returncode == 0, kept.stderr[-2000:]
+    assert _total(recomputed.stdout) < _total(kept.stdout) - 0.02
+    memory = round((_total(kept.stdout) + _total(recomputed.stdout)) / 2, 3)
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
+    run = subprocess.run(
+        [TRAIN, "--memory-per-rank", str(memory), *shape[:4], "--steps", "1", "--out", str(tmp_path / "out"),
+         "--checkpoint.no-enable", "--hf.no-export", "--validator.no-enable"],
+        env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    said = re.search(
+        r"\[train\] memory: activation-checkpoint:full \(the batch of 1 does not fit .*~([0-9.]+) GiB",
+        run.stderr,
+    )
+    assert said and float(said.group(1)) <= memory, run.stderr[-3000:]
+    # What the ranks run: torchrun's command carries the subcommand, last.
+    assert re.search(r"--launcher.command '[^']*' activation-checkpoint:full\n", run.stderr), run.stderr[
+        -3000:
+    ]

@@ -168,8 +168,11 @@ def test_seq_len_not_divisible_by_context_parallel(fails):
     )  # fmt: skip
 
 
-def test_context_parallel_with_sdpa(fails):
-    fails(["--nproc", "2", "--parallelism.context_parallel_degree", "2"], "context_parallel_degree 2", "SDPA")
+def test_context_parallel_row_that_does_not_split(fails):
+    fails(
+        ["--nproc", "2", "--parallelism.context_parallel_degree", "2", "--seq-len", "102"],
+        "--training.seq_len 102", "2 x --parallelism.context_parallel_degree 2", "nearest valid: 104",
+    )  # fmt: skip
 
 
 def test_tensor_parallel_degree_and_kv_heads(fails):

@@ -264,12 +264,24 @@ def _model_dir_of(args: list[str]) -> str | None:
     return args[at] if at < len(args) else None
 
 
+RECOMPUTE = "activation-checkpoint:full"
+
+
+def _names_recomputation(args: list[str]) -> bool:
+    """Whether the command chooses activation checkpointing itself (the subcommand, or a flag of its section)."""
+    return any(
+        arg.startswith(("activation-checkpoint:", "--activation_checkpoint", "--activation-checkpoint"))
+        for arg in args
+    )
+
+
 def check_before_launch(plan: PlannedJob) -> list[str]:
     """For a job on this machine whose memory matters (Hugging Face weights of real size, where a step that does
     not fit fails after minutes of loading, or ``--memory-per-rank``): the estimate against a rank's memory, in
     one line, before torchrun starts. Refuses a job that does not fit (UserInputError, with what fits); a run
-    that names no batch gets the largest that fits, up to its config's, and the torchtitan flags that set it are
-    returned."""
+    that names no batch gets the largest that fits, up to its config's; one whose batch fits only with its
+    activations recomputed, and that chooses no activation checkpointing, gets ``activation-checkpoint:full``.
+    The torchtitan arguments that set either are returned."""
     from qwen3_titan_common.perf.memory import safetensors_bytes
     from qwen3_titan_common.train.memory_check import (
         BATCH_FLAGS,
@@ -280,6 +292,7 @@ def check_before_launch(plan: PlannedJob) -> list[str]:
         job_device_kind,
         largest_fitting_batch,
         rank_memory_of,
+        with_full_recomputation,
     )
 
     if "--hf.to_dcp" in plan.passthrough:
@@ -302,6 +315,17 @@ def check_before_launch(plan: PlannedJob) -> list[str]:
         fitting = None
         if not any(flag in plan.passthrough for flag in BATCH_FLAGS):
             fitting = largest_fitting_batch(job, estimate, memory)
+        if fitting is None and not _names_recomputation(plan.passthrough):
+            recomputed = with_full_recomputation(job, estimate)
+            if recomputed is not None and recomputed.total_bytes <= memory.bytes_per_rank:
+                _, fitted = fit_line(plan, recomputed, memory)
+                print(
+                    f"[train] memory: activation-checkpoint:full (the batch of {config.training.local_batch_size} "
+                    f"does not fit without recomputing activations in the backward), {fitted}; "
+                    "activation-checkpoint:none or :selective as the last argument sets it",
+                    file=sys.stderr,
+                )
+                return [RECOMPUTE]
         if fitting is None:
             raise UserInputError(does_not_fit(job, estimate, line, memory, plan.nnodes))
         batch, tried = fitting

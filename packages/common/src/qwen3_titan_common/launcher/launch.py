@@ -128,7 +128,11 @@ def _run(plan: LaunchPlan, command: list[str], show_traceback: bool):
     """torchrun for ``plan``: its exit code and the summary rank 0 left. ``command``: as the user typed it, which
     the ranks' config takes as ``--launcher.command`` (launcher.summary.LauncherOptions)."""
     raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
-    torchrun = [torchrun_executable(), *plan.command()[1:], "--launcher.command", shlex.join(command)]
+    from qwen3_titan_common.launcher.dry_run import before_subcommands
+
+    # Before any subcommand (activation-checkpoint:full): tyro reads the flags after one as that subcommand's.
+    titan = before_subcommands(plan.titan_args(), ("--launcher.command", shlex.join(command)))
+    torchrun = [torchrun_executable(), *plan.torchrun_args(), "-m", "torchtitan.train", *titan]
     env = {**os.environ, **plan.env_updates}
     return run_torchrun(torchrun, env, shown_env=plan.env_updates, show_tracebacks=show_traceback)
 

@@ -150,7 +150,7 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
         found.append(
             f"--training.local_batch_size (--batch-size) {batch} (~{tried.total_bytes / GIB:.2f} GiB)"
         )
-    recomputed = _with_full_recomputation(job, estimate)
+    recomputed = with_full_recomputation(job, estimate)
     if recomputed is not None and recomputed.total_bytes <= memory.bytes_per_rank:
         found.append(
             f"activation-checkpoint:full as the last argument (~{recomputed.total_bytes / GIB:.2f} GiB)"
@@ -271,7 +271,7 @@ def with_context_parallel(job: JobModel, estimate: StepMemory, memory) -> tuple[
     return None
 
 
-def _with_full_recomputation(job: JobModel, estimate: StepMemory) -> StepMemory | None:
+def with_full_recomputation(job: JobModel, estimate: StepMemory) -> StepMemory | None:
     from torchtitan.distributed.activation_checkpoint import FullAC
 
     ac = job.config.activation_checkpoint
