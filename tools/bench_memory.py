@@ -2,6 +2,7 @@
 
     uv run python tools/bench_memory.py [--quick] [--json FILE]
     uv run python tools/bench_memory.py --growth [--json FILE]
+    uv run python tools/bench_memory.py --long [--json FILE]
 
 Each row runs ``train --dry-run`` (rank 0's estimate: torch's memory tracker over two fake steps, plus the
 process's own memory on the CPU, ``perf.memory``) and then the same command for real, three steps (the
@@ -13,6 +14,11 @@ The rows: the debug configs (dense and MoE), and a real-width Qwen3 (Qwen3-0.6B'
 151,936-token vocabulary, cut to 4 and 8 layers, written by transformers' ``save_pretrained`` in bf16 as the
 published weights are) at batch 1-8 and seq 256-1024, with and without activation checkpointing, on 1 and 2
 ranks. The machine's 2 cores set the sizes: a real-width step of 4,096 tokens takes about a minute.
+
+``--long`` runs the long-row rows instead: the embedded model's width with its positions raised to 16,384 in its
+``config.json``, one row of 8,192 and of 16,384 tokens, on one rank and on 2 context-parallel ranks
+(``models.context_parallel``); each row also reports its tokens/s per rank (the step lines' tps after the
+first step), so CP 2 against CP 1 is read off the same table.
 
 ``--growth`` measures instead whether a long run's peak levels off: the debug MoE (the experts' row counts change
 every step) for 60 steps, its peak at step 10 against step 60. Target: under 2 MiB a step after step 10 (the
@@ -67,6 +73,36 @@ def make_real_width(directory: Path, layers: int) -> Path:
     return directory
 
 
+LONG_POSITIONS = 16384
+
+
+def make_long_debug(directory: Path) -> Path:
+    """The embedded model's architecture with ``max_position_embeddings`` raised to :data:`LONG_POSITIONS`, random
+    weights written by transformers, its tokenizer beside them."""
+    import torch
+    from qwen3_titan_common.assets import default_model_dir
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    source = json.loads((default_model_dir() / "config.json").read_text())
+    torch.manual_seed(0)
+    config = Qwen3Config.from_dict({**source, "max_position_embeddings": LONG_POSITIONS})
+    Qwen3ForCausalLM(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(str(default_model_dir())).save_pretrained(directory)
+    return directory
+
+
+def long_rows(model: Path) -> list[tuple[str, str, list[str]]]:
+    """One row of 8,192 and of 16,384 tokens, on one rank and on 2 context-parallel ranks."""
+    table = []
+    for seq in (8192, LONG_POSITIONS):
+        for ranks in (1, 2):
+            layout = ["--nproc", "2", "--parallelism.context_parallel_degree", "2"] if ranks == 2 else []
+            name = f"debug width, batch 1 x {seq}, " + ("CP 2 (2 ranks)" if ranks == 2 else "1 rank")
+            args = ["--hf-model", str(model), "--batch-size", "1", "--seq-len", str(seq), *layout]
+            table.append((name, "native-backend", args))
+    return table
+
+
 def rows(models: dict[str, Path], quick: bool) -> list[tuple[str, str, list[str]]]:
     """(name, package, train arguments) per row."""
     w4, w8 = ["--hf-model", str(models["w4"])], ["--hf-model", str(models["w8"])]
@@ -116,10 +152,12 @@ def run_row(package: str, args: list[str], work: Path) -> dict:
         raise RuntimeError(f"run failed ({real.returncode}):\n{(real.stdout + real.stderr)[-3000:]}")
     estimate = float(found.group(1))
     measured = max(line.memory_gib for line in lines if line.memory_gib is not None)
+    after_first = sorted(line.tokens_per_second for line in lines if line.step > 1)
     return {
         "estimate_gib": estimate,
         "measured_gib": measured,
         "ratio": round(measured / estimate, 3),
+        "tps_per_rank": after_first[len(after_first) // 2] if after_first else None,
         "kinds": _KINDS.search(dry.stdout).group(1),
         "seconds": round(time.perf_counter() - start, 1),
     }
@@ -170,24 +208,30 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the first four rows only")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     parser.add_argument("--growth", action="store_true", help="whether a 60-step MoE run's peak levels off")
+    parser.add_argument("--long", action="store_true", help="the long-row rows (8k, 16k; CP 1 and 2)")
     opts = parser.parse_args()
     if opts.growth:
         return main_growth(opts.json)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        models = {name: make_real_width(work / name, layers) for name, layers in (("w4", 4), ("w8", 8))}
+        if opts.long:
+            table = long_rows(make_long_debug(work / "long"))
+        else:
+            models = {name: make_real_width(work / name, layers) for name, layers in (("w4", 4), ("w8", 8))}
+            table = rows(models, opts.quick)
         print(
-            "| row | estimate GiB | measured peak GiB | measured / estimate | within 15% | estimate by kind |"
+            "| row | estimate GiB | measured peak GiB | measured / estimate | within 15% | tokens/s per rank "
+            "| estimate by kind |"
         )
-        print("|---|---|---|---|---|---|")
-        for name, package, args in rows(models, opts.quick):
+        print("|---|---|---|---|---|---|---|")
+        for name, package, args in table:
             result = run_row(package, args, work) | {"row": name, "backend": package}
             results.append(result)
             ok = abs(result["ratio"] - 1) <= TARGET
             print(
                 f"| {name} | {result['estimate_gib']:.2f} | {result['measured_gib']:.2f} | {result['ratio']:.3f} "
-                f"| {'yes' if ok else '**no**'} | {result['kinds']} |",
+                f"| {'yes' if ok else '**no**'} | {result['tps_per_rank']} | {result['kinds']} |",
                 flush=True,
             )
     if opts.json:

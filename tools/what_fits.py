@@ -37,7 +37,10 @@ DEVICES = (
 # Long rows: one row of Qwen3's 32,768 tokens on the accelerators.
 LONG_ROW = 32768
 LONG_DEVICES = DEVICES[:3]
-_CP = re.compile(r"--parallelism\.context_parallel_degree (\d+) \([^;]*~([0-9.]+) GiB per rank\)")
+_CP = re.compile(
+    r"--parallelism\.context_parallel_degree (\d+) \(each row's tokens over \d+ ranks; ~([0-9.]+) GiB"
+)
+_RECOMPUTED = re.compile(r"activation-checkpoint:full as the last argument \(~([0-9.]+) GiB\)")
 _SHAPE = re.compile(r"at the step's peak \(batch (\d+) x seq (\d+), (\w+) compute")
 _TOTAL = re.compile(r"total ~([0-9.]+) GiB")
 _HINT = re.compile(r"does not fit, [^;]*; (.*)$")
@@ -59,10 +62,15 @@ def long_row_cell(package: str, config: str, ranks: str, memory: str, work: Path
         return f"dry run failed: {(proc.stderr.strip().splitlines() or ['?'])[-1][:120]}"
     if proc.returncode == 0:
         return f"fits without CP, {total.group(1)} GiB"
-    found = _CP.search(proc.stderr)
-    if found:
-        return f"CP {found.group(1)}, {found.group(2)} GiB"
-    return f"**no**, {total.group(1)} GiB at CP 1; no CP degree up to {ranks} fits"
+    split, recomputed = _CP.search(proc.stderr), _RECOMPUTED.search(proc.stderr)
+    options = []
+    if split:
+        options.append(f"CP {split.group(1)}, {split.group(2)} GiB")
+    if recomputed:
+        options.append(f"full recomputation, {recomputed.group(1)} GiB")
+    if options:
+        return f"{total.group(1)} GiB at CP 1; fits: " + " or ".join(options)
+    return f"**no**, {total.group(1)} GiB at CP 1; no CP degree up to {ranks} or recomputation fits"
 
 
 def cell(package: str, config: str, ranks: str, memory: str, work: Path) -> tuple[str, str]:

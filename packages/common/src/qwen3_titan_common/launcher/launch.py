@@ -28,7 +28,7 @@ from qwen3_titan_common.launcher.plan import (
     plan_launch,
     read_command_line,
 )
-from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV
+from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV, check_switches, show_tracebacks_asked
 from qwen3_titan_common.launcher.summary import summary_lines
 from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 
@@ -94,7 +94,7 @@ def run(backend: Backend, line: CommandLine | list[str] | None = None) -> int:
         if interrupted():
             # A Ctrl-C inside an import leaves that module half-loaded; what fails next is its consequence.
             return _interrupted_before_any_rank()
-        if os.environ.get(SHOW_TRACEBACK_ENV):
+        if show_tracebacks_asked():
             raise
         reason = (str(err).strip().splitlines() or [""])[0]
         print(
@@ -146,6 +146,7 @@ def main() -> None:
     """The shared ``train`` console script (also ``python -m qwen3_titan_common.launcher.launch``): choose the
     backend (``dispatch``), then run it."""
     try:
+        check_switches()
         line = read_command_line(sys.argv[1:])
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)

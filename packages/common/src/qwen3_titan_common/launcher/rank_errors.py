@@ -32,6 +32,26 @@ from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 STOPPED = "[stopped] "
 USER_ERROR = "UserInputError: "  # how torchelastic's error file begins the message of a user error
 SHOW_TRACEBACK_ENV = "QWEN3_TITAN_SHOW_TRACEBACK"
+_SWITCH_ON = ("1", "true", "yes", "on")
+_SWITCH_OFF = ("0", "false", "no", "off", "")
+
+
+def show_tracebacks_asked() -> bool:
+    """``QWEN3_TITAN_SHOW_TRACEBACK`` read as a switch: 1, true, yes or on shows the tracebacks of user errors;
+    0, false, no, off, empty or unset does not (any case). A value that is neither is refused by the launcher
+    before any rank starts (:func:`check_switches`), and is off where no launcher checked it."""
+    return os.environ.get(SHOW_TRACEBACK_ENV, "").strip().lower() in _SWITCH_ON
+
+
+def check_switches() -> None:
+    """Refuse, in one line, a boolean environment switch of ours whose value is neither on nor off."""
+    value = os.environ.get(SHOW_TRACEBACK_ENV)
+    if value is not None and value.strip().lower() not in _SWITCH_ON + _SWITCH_OFF:
+        raise UserInputError(
+            f"{SHOW_TRACEBACK_ENV}={value!r}: expected 1, true, yes or on (show tracebacks), or 0, false, no, "
+            "off or empty (do not)"
+        )
+
 
 _NON_FINITE_LOSS = re.compile(r"Loss is not finite \(global_avg_loss=([^)]*)\) at step (\d+)")
 _NOT_WRITABLE = {
@@ -210,7 +230,7 @@ def _excepthook(kind, value, traceback, previous=sys.excepthook) -> None:
     if id(value) not in _recorded and not isinstance(value, KeyboardInterrupt):
         # An error no trainer caught (a config function's, torchtitan's before the trainer): recorded too.
         record_stop(value, user_error=isinstance(value, UserInputError))
-    if _recorded.get(id(value)) and not os.environ.get(SHOW_TRACEBACK_ENV):
+    if _recorded.get(id(value)) and not show_tracebacks_asked():
         return  # a user error: its one line was said; the traceback stays in the error file
     previous(kind, value, traceback)
 

@@ -14,7 +14,6 @@ Exit codes: 0 done, 2 input error, 1 internal error, 130 interrupted (SIGINT, SI
 
 from __future__ import annotations
 
-import os
 import queue
 import shlex
 import shutil
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from qwen3_titan_common.launcher.interrupts import ForwardedInterruption, kill_all
-from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV, USER_ERROR
+from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV, USER_ERROR, show_tracebacks_asked
 from qwen3_titan_common.launcher.rank_files import ROOT_CAUSE_FILE, RankFiles, TorchrunReport
 from qwen3_titan_common.launcher.summary import RunRecord, RunSummary
 
@@ -56,10 +55,10 @@ def run_torchrun(
     rank_logs.mkdir()
     at = command.index("-m")
     command = [*command[:at], "--log-dir", str(rank_logs), *command[at:]]
-    show_all = show_tracebacks or bool(os.environ.get(SHOW_TRACEBACK_ENV))
+    show_all = show_tracebacks or show_tracebacks_asked()
     env = {**env, "TORCHELASTIC_ERROR_FILE": str(rank_logs / ROOT_CAUSE_FILE)}
-    if show_all:
-        env[SHOW_TRACEBACK_ENV] = "1"  # the ranks print their user errors' tracebacks too
+    # The ranks print their user errors' tracebacks too, or not: one spelling for them whatever the user's.
+    env[SHOW_TRACEBACK_ENV] = "1" if show_all else "0"
     env_line = " ".join(f"{k}={shlex.quote(v)}" for k, v in (shown_env or {}).items())
     print(f"[train] {env_line + ' ' if env_line else ''}{shlex.join(command)}", file=sys.stderr, flush=True)
     log = open(scratch / "train.log", "w", buffering=1)  # noqa: SIM115 (closed by _finish)
