@@ -35,6 +35,31 @@ def test_torchdata_still_calls_set_vital_and_only_that_warning_is_ignored():
     assert [str(w.message) for w in seen] == ["'set_vital' is deprecated, please do not call"]
 
 
+def _router_warnings(quiet_first=None) -> list[str]:
+    """The CPU autocast warnings of torchtitan's real MoE router on fp32 tokens (after ``quiet_first()``)."""
+    from torchtitan.models.common.config_utils import make_router_config
+
+    router = make_router_config(dim=16, num_experts=4, gate_param_init={}, top_k=2, score_func="softmax")
+    module = router.build()
+    torch.nn.init.normal_(module.gate.weight)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if quiet_first is not None:
+            quiet_first()
+        module(torch.randn(1, 8, 16))
+        warnings.warn("In CPU autocast, but the target dtype is not supported", UserWarning, stacklevel=1)
+    return [str(w.message) for w in seen if "target dtype is not supported" in str(w.message)]
+
+
+def test_the_routers_cpu_autocast_warning_is_quiet_on_the_cpu_only():
+    # torchtitan's router warns on the CPU, and one more from elsewhere (the test's own) always comes through.
+    assert len(_router_warnings()) == 2, (
+        "torchtitan's router no longer warns: quiet_router_autocast_on_cpu can go"
+    )
+    assert len(_router_warnings(lambda: quiet.quiet_router_autocast_on_cpu("cuda"))) == 2
+    assert len(_router_warnings(lambda: quiet.quiet_router_autocast_on_cpu("cpu"))) == 1
+
+
 @pytest.fixture
 def one_rank_cpu_mesh():
     from torch.distributed.device_mesh import init_device_mesh

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 _DTENSOR_RNG_ON_CPU = "DTensor random operators may not have complete support on cpu device mesh"
 _SET_VITAL = "'set_vital' is deprecated, please do not call"
+_CPU_AUTOCAST_DTYPE = "In CPU autocast, but the target dtype is not supported"
 
 
 def drop_nccl_settings_on_gloo(device_type: str, env: MutableMapping[str, str] = os.environ) -> bool:
@@ -50,10 +51,24 @@ def quiet_torchdata_set_vital() -> None:
     )
 
 
+def quiet_router_autocast_on_cpu(device_type: str) -> bool:
+    """torchtitan's MoE router computes its scores under ``torch.autocast(dtype=torch.float32)``, which the CPU's
+    autocast does not take: torch then runs the block without autocast and warns at every router. On the CPU
+    nothing is lost by that: a run in fp32 computes the scores in fp32 anyway, and a bf16 one autocasts only a
+    dense model trained whole (``models.fsdp_comms``), never a MoE. Elsewhere the warning stays."""
+    if device_type != "cpu":
+        return False
+    warnings.filterwarnings(
+        "ignore", message=re.escape(_CPU_AUTOCAST_DTYPE), category=UserWarning, module=r"torchtitan\.models\."
+    )
+    return True
+
+
 def quiet_what_does_not_apply(device_type: str, world_size: int) -> None:
     drop_nccl_settings_on_gloo(device_type)
     quiet_dtensor_rng_on_one_cpu_rank(device_type, world_size)
     quiet_torchdata_set_vital()
+    quiet_router_autocast_on_cpu(device_type)
 
 
 @contextmanager

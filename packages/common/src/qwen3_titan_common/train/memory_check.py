@@ -310,7 +310,12 @@ def rank_memory_of(plan, device: str | None = None):
 def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory]:
     """Rank 0 of ``plan`` on torchtitan's fake process group (initialised here; the caller destroys it): its model
     and its step's memory at the config's batch. The process must be a fake rank already (``fake_rank_env``)."""
+    from torchtitan.tools import utils as titan_utils
+
     from qwen3_titan_common.perf.memory import process_baseline_bytes, weights_read_bytes
+    from qwen3_titan_common.runtime.quiet import quiet_router_autocast_on_cpu
+
+    quiet_router_autocast_on_cpu(titan_utils.device_type)  # the fake step runs this CPU's autocast
 
     # Before the model: what a rank of a one-node job on this machine's CPU holds of its own, and what reading
     # its weights leaves there.
