@@ -4,6 +4,7 @@ import sys
 
 import pytest
 from qwen3_titan_common.compat import CpuDeviceModule
+from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.runtime import device
 from qwen3_titan_common.runtime.device import detect_device
 
@@ -43,7 +44,19 @@ def test_forcing_neuron_without_the_sdk_says_how_to_install(monkeypatch):
     if device.neuron_available():
         pytest.skip("a Neuron device is present: forcing neuron succeeds here")
     monkeypatch.setenv("QWEN3_TITAN_DEVICE", "neuron")
-    with pytest.raises(RuntimeError, match="Neuron package repository"):
+    with pytest.raises(
+        UserInputError, match="=neuron: this host has no usable Neuron device .*Neuron package rep"
+    ):
+        detect_device()
+
+
+def test_forcing_cuda_without_a_gpu_is_a_users_error_not_an_internal_one(monkeypatch):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: forcing cuda succeeds here")
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cuda")
+    with pytest.raises(UserInputError, match="QWEN3_TITAN_DEVICE=cuda: this host has no usable CUDA device"):
         detect_device()
 
 

@@ -190,6 +190,23 @@ def test_pipeline_parallel_of_a_tied_model(fails):
     )  # fmt: skip
 
 
+def test_pipeline_stages_without_a_micro_batch_each(fails, tmp_path):
+    untied = make_tiny_checkpoint(tmp_path / "untied", tied=False)
+    fails(
+        ["--hf-model", str(untied), "--nproc", "2", "--parallelism.pipeline_parallel_degree", "2",
+         "--batch-size", "1"],
+        "--training.local_batch_size (--batch-size) 1", "fewer than the 2 stages", "use --batch-size 2 or more",
+    )  # fmt: skip
+
+
+def test_more_experts_per_token_than_experts(fails, tmp_path, pristine_moe):
+    moe = Path(shutil.copytree(pristine_moe, tmp_path / "moe"))
+    config = json.loads((moe / "config.json").read_text())
+    config["num_experts_per_tok"] = (config.get("num_experts") or config["num_local_experts"]) + 1
+    _write(moe / "config.json", json.dumps(config))
+    fails(["--hf-model", str(moe)], "config.json: num_experts_per_tok=5 is more than num_experts=4")
+
+
 def test_expert_parallel_of_a_dense_model(fails):
     fails(
         ["--nproc", "2", "--parallelism.expert_parallel_degree", "2"],

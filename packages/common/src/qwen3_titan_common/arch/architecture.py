@@ -266,6 +266,12 @@ def _check_sizes(config: Mapping[str, Any], hf: PreTrainedConfig, where: str) ->
         value = getattr(hf, key, None)
         if value is not None and value < 1:
             raise ArchitectureError(f"{where}: field '{key}' is {value}, expected a positive integer")
+    experts, chosen = getattr(hf, "num_experts", None), getattr(hf, "num_experts_per_tok", None)
+    if experts is not None and chosen is not None and chosen > experts:
+        raise ArchitectureError(
+            f"{where}: num_experts_per_tok={chosen} is more than num_experts={experts} (each token is routed to "
+            "that many different experts)"
+        )
     if hf.num_attention_heads % hf.num_key_value_heads:
         default = (
             "" if "num_key_value_heads" in config else " (transformers' default: the file does not set it)"

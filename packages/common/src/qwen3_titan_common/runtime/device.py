@@ -123,16 +123,20 @@ def _detected(forced_setting: str) -> DeviceInfo:
         name = _neuron_name()
         return DeviceInfo("neuron", count, "neuron", name, "torch_neuronx imported, Neuron device present")
     if forced == "neuron":
-        raise RuntimeError(
-            f"{FORCE_DEVICE_ENV}=neuron but no Neuron device is usable: install torch-neuronx, "
-            "neuronx-cc and nki from the Neuron package repository (README: 'On a Trainium host')"
+        raise UserInputError(
+            f"{FORCE_DEVICE_ENV}=neuron: this host has no usable Neuron device (torch-neuronx, neuronx-cc and nki "
+            "come from the Neuron package repository, README: 'On a Trainium host'); unset it, or "
+            f"{FORCE_DEVICE_ENV}=cpu"
         )
     if torch.cuda.is_available():
         return DeviceInfo(
             "cuda", torch.cuda.device_count(), "nccl", torch.cuda.get_device_name(0), "CUDA available"
         )
     if forced == "cuda":
-        raise RuntimeError(f"{FORCE_DEVICE_ENV}=cuda but torch.cuda.is_available() is False")
+        raise UserInputError(
+            f"{FORCE_DEVICE_ENV}=cuda: this host has no usable CUDA device (torch.cuda.is_available() is False); "
+            f"unset it, or {FORCE_DEVICE_ENV}=cpu"
+        )
     return _cpu_info(missing_sdk_note() or "no Neuron or CUDA device found")
 
 

@@ -85,6 +85,36 @@ def _uses_sdpa_or_varlen(model_config) -> bool:
     )
 
 
+def _check_pipeline_microbatches(config, layout: Layout) -> None:
+    """Each pipeline stage needs a micro-batch of its own at a time: the rank's batch splits into micro-batches of
+    --parallelism.pipeline_parallel_microbatch_size, at least one per stage under a one-stage-per-rank schedule
+    (1F1B, GPipe; torch refuses fewer on the first step)."""
+    if layout.pp <= 1:
+        return
+    parallelism, batch = config.parallelism, config.training.local_batch_size
+    size = parallelism.pipeline_parallel_microbatch_size
+    if size < 1 or batch % size:
+        raise UserInputError(
+            f"--parallelism.pipeline_parallel_microbatch_size {size}: expected a positive divisor of "
+            f"--training.local_batch_size (--batch-size) {batch}"
+        )
+    if parallelism.pipeline_parallel_schedule_csv:
+        return
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
+
+    try:
+        looped = issubclass(get_schedule_class(parallelism.pipeline_parallel_schedule), PipelineScheduleMulti)
+    except ValueError:
+        return  # an unknown schedule is torchtitan's to name
+    if not looped and batch // size < layout.pp:
+        raise UserInputError(
+            f"--training.local_batch_size (--batch-size) {batch}: {batch // size} pipeline micro-batch(es) of "
+            f"--parallelism.pipeline_parallel_microbatch_size {size}, fewer than the "
+            f"{layout.pp} stages of --parallelism.pipeline_parallel_schedule {parallelism.pipeline_parallel_schedule}; "
+            f"use --batch-size {layout.pp * size} or more"
+        )
+
+
 def _check_parallel_shapes(config, layout: Layout) -> None:
     parallelism, seq_len, arch = config.parallelism, config.training.seq_len, config.architecture
     tp_split = layout.tp if parallelism.enable_sequence_parallel else 1
@@ -401,6 +431,7 @@ def check_run(config, world_size: int | None = None, *, deferred: list[str] | No
     _check_flags(config)
     layout = resolve_layout(config.parallelism, world_size)
     _check_parallel_shapes(config, layout)
+    _check_pipeline_microbatches(config, layout)
     _check_batch(config, layout)
     if config.architecture is not None:
         _check_tokenizer(config.hf_assets_path, config.architecture.vocab_size)
