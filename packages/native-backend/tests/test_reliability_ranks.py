@@ -246,6 +246,21 @@ def test_dump_folder_on_a_read_only_file_system(tmp_path):
 
 
 @needs_unshare
+def test_checkpoint_folder_that_cannot_be_written_is_found_before_the_first_step(tmp_path):
+    # The dump folder is writable; the checkpoint folder (absolute, elsewhere) is not: refused before any step,
+    # not at the first save (a real-size config's step 200), and nothing written.
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    args = [TRAIN, "--dump_folder", str(tmp_path / "out"), "--checkpoint.folder", str(mount / "ckpt")]
+    command = on_small_filesystem(args, mount, size="1m", read_only=True)
+    proc = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    check_failure(
+        proc.returncode, proc.stdout, proc.stderr, 2, "--checkpoint.folder", "read-only file system"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+@needs_unshare
 def test_disk_too_small_for_the_first_checkpoint(tmp_path):
     # The embedded default's checkpoint is 55.6 MB on disk (53 MB once passed the old check, then filled up).
     mount = tmp_path / "small"

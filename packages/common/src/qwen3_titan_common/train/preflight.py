@@ -365,6 +365,11 @@ def _check_writable(path, flag: str, deferred: list[str] | None) -> None:
 def _check_where_it_writes(config, deferred: list[str] | None = None) -> None:
     _check_dump_folder(config)
     _check_writable(config.dump_folder, "--dump_folder", deferred)
+    checkpoint = config.checkpoint
+    if checkpoint.enable and getattr(checkpoint, "save_steps", True):
+        # Found now rather than at the first save (step 200 of a real-size config): the folder, under
+        # --dump_folder or an absolute --checkpoint.folder elsewhere.
+        _check_writable(Path(config.dump_folder) / checkpoint.folder, "--checkpoint.folder", deferred)
     if not config.hf.export:
         return
     root, shown = _export_root(config)
