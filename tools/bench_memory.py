@@ -80,14 +80,14 @@ def make_long_debug(directory: Path) -> Path:
     """The embedded model's architecture with ``max_position_embeddings`` raised to :data:`LONG_POSITIONS`, random
     weights written by transformers, its tokenizer beside them."""
     import torch
-    from qwen3_titan_common.assets import default_model_dir
+    from qwen3_titan_common.assets import default_model_dir, default_tokenizer_dir
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     source = json.loads((default_model_dir() / "config.json").read_text())
     torch.manual_seed(0)
     config = Qwen3Config.from_dict({**source, "max_position_embeddings": LONG_POSITIONS})
     Qwen3ForCausalLM(config).save_pretrained(directory)
-    AutoTokenizer.from_pretrained(str(default_model_dir())).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(str(default_tokenizer_dir())).save_pretrained(directory)
     return directory
 
 
