@@ -282,13 +282,13 @@ def test_a_subclass_may_override_the_hooks_compat_lists_and_no_other_private_nam
         "class Ours(Qwen3CheckpointManager):\n"
         "    def _load(self, step=-1):\n"
         "        return super()._load(step)\n"
-        "    def _find_load_step(self, folder=''):\n"
-        "        return -1\n"
+        "    def _create_checkpoint_id(self, step, folder=''):\n"
+        "        return ''\n"
     )
     found = private_upstream_uses(sample)
     assert sorted(f.split(": ", 1)[1] for f in found) == [
         "Direct overrides _states_to_load of an upstream class",
-        "Ours overrides _find_load_step of an upstream class",
+        "Ours overrides _create_checkpoint_id of an upstream class",
     ]
 
 

@@ -160,6 +160,34 @@ def test_checkpoint_purge_deletes_only_step_checkpoints(tmp_path):
     )
 
 
+def test_resume_from_a_folder_other_runs_left_or_damaged(tmp_path):
+    """A renamed copy of a real checkpoint (step-9.bak, its .metadata inside) and a newer step cut short (an
+    empty .metadata): the rerun resumes from the newest step that reads whole, says which it skipped and why,
+    and torchtitan loads that same step (not the copy)."""
+    dump = tmp_path / "out"
+    folder = dump / "checkpoint"
+    args = ["--training.steps", "2", "--training.seq_len", "64", "--training.local_batch_size", "2",
+            "--checkpoint.interval", "1", "--hf.no-export", "--validator.no-enable"]  # fmt: skip
+
+    def run(steps: str) -> str:
+        args[1] = steps
+        proc = subprocess.run(
+            [TRAIN, *args, "--dump_folder", str(dump)], cwd=tmp_path, env=_env(), capture_output=True,
+            text=True, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    run("2")
+    shutil.copytree(folder / "step-2", folder / "step-9.bak")
+    shutil.copytree(folder / "step-2", folder / "step-3")
+    (folder / "step-3" / ".metadata").write_bytes(b"")
+    said = run("3")
+    assert "resuming from step 2 in" in said and "step-3 (its .metadata is empty" in said, said[-3000:]
+    assert "Training starts at step 3" in said
+    assert (folder / "step-3" / ".metadata").stat().st_size > 0  # written whole by the rerun
+
+
 def _processes_tagged(tag: str) -> list[int]:
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):

@@ -119,6 +119,8 @@ SUBCLASS_HOOKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "_should_save",
             "_purge_stale_checkpoints",
             "_should_purge",
+            # load() without a step asks it which step folder to read.
+            "_find_load_step",
         ),
         # init_states() calls _init_self_buffers for the buffers a module computes (RoPE caches); the
         # protocol's docstring names it as the override point.

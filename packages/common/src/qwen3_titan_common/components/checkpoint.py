@@ -191,6 +191,14 @@ class Qwen3CheckpointManager(CheckpointManager):
                 f"checkpoints; left in {folder}: {', '.join(new)}"
             )
 
+    def _find_load_step(self, folder: str = "") -> int:
+        """The step a resume loads: the newest folder named exactly ``step-N`` that reads whole
+        (``hf.start.readable_steps``, the step the run's start line named), not torchtitan's newest entry whose
+        name holds ``step-N`` anywhere (a ``step-9.bak`` copy) and has a ``.metadata`` (empty, or beside a shard
+        cut short); -1 for none."""
+        step = newest_complete_step(Path(folder or self.folder))
+        return -1 if step is None else step
+
     def _load(self, step: int = -1) -> bool:
         # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
         # a line every 5 s says it is still going.
