@@ -18,6 +18,7 @@ import torch
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+from qwen3_titan_testing.edges import check_failure
 from qwen3_titan_testing.trained import load_trained_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -272,17 +273,19 @@ def test_verify_names_the_adapter_tensor_that_does_not_fit_the_base(lora_run, tm
 
 
 @pytest.mark.slow
-def test_resuming_a_full_fine_tuning_run_with_lora_is_refused_in_one_line(tmp_path):
-    dump = str(tmp_path / "out")
-    _train(
-        ["--training.steps", "2", "--training.seq_len", "64", "--hf.no-export", "--dump_folder", dump],
-        tmp_path,
-    )
-    proc = subprocess.run(
-        [TRAIN, "--training.steps", "3", "--training.seq_len", "64", "--lora.rank", "4", "--dump_folder", dump],
-        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode != 0
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("train: ") and "hold no LoRA adapters" in last and "--dump_folder" in last, last
-    assert not (tmp_path / "out" / "checkpoint" / "step-3").exists()
+def test_resuming_across_full_and_lora_runs_is_refused_in_one_line_either_way(tmp_path):
+    # Before any rank loads: the checkpoint folder's model record says what its step checkpoints hold.
+    for first, then, said in (
+        ([], ["--lora.rank", "4"], "are a full fine-tuning run's, and this run trains LoRA adapters"),
+        (["--lora.rank", "4"], [], "hold LoRA adapters (--lora.rank 4 --lora.targets"),
+        (["--lora.rank", "4"], ["--lora.rank", "8"], "hold LoRA adapters of --lora.rank 4"),
+    ):
+        dump = tmp_path / f"out-{len(first)}-{len(then)}-{then[-1:]}"
+        _train(["--training.steps", "2", "--training.seq_len", "64", "--hf.no-export", "--dump_folder", str(dump),
+                *first], tmp_path)  # fmt: skip
+        proc = subprocess.run(
+            [TRAIN, "--training.steps", "3", "--training.seq_len", "64", *then, "--dump_folder", str(dump)],
+            cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        check_failure(proc.returncode, proc.stdout, proc.stderr, 2, said, "--dump_folder")
+        assert not (dump / "checkpoint" / "step-3").exists()

@@ -29,10 +29,18 @@ def model_record(
     architecture: Qwen3Architecture,
     schedule: dict[str, Any] | None = None,
     data_position: str | None = None,
+    lora=None,
 ) -> dict[str, Any]:
     """``schedule``: the run's config name and optimizer settings, which a resume may change (said, not
-    refused: the model is the same); ``data_position``: what the data loader's saved position means."""
+    refused: the model is the same); ``data_position``: what the data loader's saved position means;
+    ``lora``: the run's ``--lora.*`` options, whose adapters its step checkpoints hold (None: every weight
+    trains)."""
     record = {"model": model_name, "architecture": architecture.to_dict()}
+    record["lora"] = (
+        {"rank": lora.rank, "targets": sorted(lora.targets), "adapter": lora.adapter is not None}
+        if lora is not None and lora.enabled
+        else None
+    )
     if schedule is not None:
         record["schedule"] = schedule
     if data_position is not None:
@@ -142,6 +150,37 @@ def _differences(saved: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     return found
 
 
+def _lora_flags(lora: dict[str, Any]) -> str:
+    if lora.get("adapter") and not lora.get("rank"):
+        return "--lora.adapter DIR"
+    return f"--lora.rank {lora.get('rank')} --lora.targets {','.join(lora.get('targets') or [])}"
+
+
+def _check_adapters(
+    saved: dict[str, Any], record: dict[str, Any], *, folder: Path, step: int, dump_folder: str
+):
+    """A LoRA run's step checkpoints hold its adapters (and the frozen base), a full run's every weight: one
+    cannot resume the other (records written before this field are not judged)."""
+    if "lora" not in saved or saved["lora"] == record.get("lora"):
+        return
+    there, here = saved["lora"], record.get("lora")
+    where = f"--dump_folder {dump_folder}: its checkpoints (newest: step {step} in {folder})"
+    if there and not here:
+        raise OtherModelError(
+            f"{where} hold LoRA adapters ({_lora_flags(there)}) beside frozen base weights, and this run trains "
+            f"every weight: resume it with {_lora_flags(there)}, or pass a new --dump_folder"
+        )
+    if here and not there:
+        raise OtherModelError(
+            f"{where} are a full fine-tuning run's, and this run trains LoRA adapters: resume it without --lora.*, "
+            "or pass a new --dump_folder"
+        )
+    raise OtherModelError(
+        f"{where} hold LoRA adapters of {_lora_flags(there)}, not this run's {_lora_flags(here)}: resume with "
+        f"{_lora_flags(there)}, or pass a new --dump_folder"
+    )
+
+
 def check_model_record(folder: Path, record: dict[str, Any], *, step: int, dump_folder: str) -> None:
     """Refuse to resume from checkpoints of another model; checkpoints without a record are not judged."""
     path = folder / RECORD_NAME
@@ -153,7 +192,9 @@ def check_model_record(folder: Path, record: dict[str, Any], *, step: int, dump_
         raise OtherModelError(
             f"{path}: unreadable ({err}); it records which model the checkpoints hold"
         ) from None
-    differences = _differences(saved if isinstance(saved, dict) else {}, record)
+    saved = saved if isinstance(saved, dict) else {}
+    _check_adapters(saved, record, folder=folder, step=step, dump_folder=dump_folder)
+    differences = _differences(saved, record)
     if differences:
         shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")
         raise OtherModelError(

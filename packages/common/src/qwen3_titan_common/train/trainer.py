@@ -475,7 +475,9 @@ def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Tr
             changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
     position = POSITION_FORMAT if isinstance(config.dataloader, TextChatDataLoader.Config) else None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    record = model_record(config.model_spec.name, architecture, schedule_of(config, world_size), position)
+    record = model_record(
+        config.model_spec.name, architecture, schedule_of(config, world_size), position, lora=config.lora
+    )
     if start.kind == "resume":
         checkpoint_folder = Path(config.dump_folder) / config.checkpoint.folder
         check_model_record(checkpoint_folder, record, step=start.resume_step, dump_folder=config.dump_folder)
