@@ -39,10 +39,6 @@ TEXT_CASES = {
     "empty text": (json.dumps({"text": "   "}), "field 'text' is empty (expected some text)"),
     "not json": ('{"text": "unterminated', "line is not JSON (Unterminated string"),
     "not an object": (json.dumps(["text"]), "record is a list (expected an object with field 'text')"),
-    "special token text": (
-        json.dumps({"text": "one document <|endoftext|> or two?"}),
-        "field 'text' holds the special token text <|endoftext|>, which would be encoded as the token itself",
-    ),
     "lone surrogate": (
         '{"text": "half a pair: \\ud800 here"}',
         "field 'text' holds a lone surrogate ('\\ud800' at",
@@ -206,6 +202,26 @@ def test_chat_whose_answer_starts_beyond_seq_len(tmp_path, tokenizer):
         BadRecordError, match=rf"^{path}:1: assistant text starts at token \d+, beyond --training.seq_len 32"
     ):
         next(iter(_loader(tokenizer, path)))
+
+
+def test_a_text_holding_a_special_tokens_text_trains_it_as_text(tmp_path, tokenizer):
+    # Code and docs quote <|endoftext|>: in a text record it is seven characters of one document, not its end
+    # (a chat's fields still refuse it: a template writes its own tokens among them).
+    text = "one document <|endoftext|> and <|im_start|> inside it"
+    path = tmp_path / "code.jsonl"
+    path.write_text(json.dumps({"text": text}) + "\n")
+    inputs, labels = next(iter(_loader(tokenizer, path, seq_len=256, format="text")))
+    ids, positions = inputs["input"][0].tolist(), inputs["positions"][0].tolist()
+    end = positions.index(0, 1)  # where the next document (the record again) starts
+    document = ids[:end]
+    assert tokenizer.decode(document) == text
+    special = {tokenizer.eos_id, *tokenizer.tokenizer.get_added_tokens_decoder()}
+    assert not special & set(document)
+    assert labels[0, end - 1].item() == tokenizer.eos_id  # one end of document: the loader's own
+    # The chats' tokenizer is left as it was: a rendered template's tokens are still special tokens.
+    assert tokenizer.tokenizer.encode("<|im_start|>", add_special_tokens=False).ids == [
+        tokenizer.tokenizer.token_to_id("<|im_start|>")
+    ]
 
 
 def test_all_records_bad_stops_instead_of_looping(tmp_path, tokenizer):

@@ -214,7 +214,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
                         f"field '{self.settings.text_field}' holds {len(text):,} characters, over the {limit:,} limit "
                         "for one record (--dataloader.max_record_bytes); split it, or raise the limit"
                     )
-                self.tokens.check_plain(text, f"field '{self.settings.text_field}'")
+                self.tokens.check_plain(text, f"field '{self.settings.text_field}'", document=True)
                 texts.append(text)
             except InvalidRecord as e:
                 texts.append(e)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from torchtitan.components.tokenizer import BaseTokenizer
@@ -79,10 +80,14 @@ class DocumentTokenizer:
         # chat turn, that the data never meant.
         self.special_texts: tuple[str, ...] = special_token_texts(getattr(tokenizer, "tokenizer_path", None))
 
-    def check_plain(self, text: str, where: str) -> None:
+    def check_plain(self, text: str, where: str, *, document: bool = False) -> None:
         """Raises InvalidRecord when ``text`` (a record's field, named by ``where``) is not text a tokenizer
-        reads or holds a special token's text."""
+        reads or holds a special token's text. ``document``: a plain-text record, whose special tokens' texts
+        (``<|endoftext|>`` in code or docs) are encoded as the text they are (:meth:`documents`) where the
+        tokenizer can; only a chat's fields, among which a template writes its own tokens, refuse them."""
         check_unicode(text, where)
+        if document and self.fast is not None:
+            return
         found = [special for special in self.special_texts if special in text]
         if found:
             raise InvalidRecord(
@@ -98,18 +103,35 @@ class DocumentTokenizer:
         # Special tokens are added here rather than by the tokenizer's post-processor, so the
         # result is the same whether or not that post-processor would have added a BOS.
         head = [self.bos_id] if self.bos_id is not None else []
-        return [
-            head + e.ids + [self.eos_id]
-            for e in self.fast.encode_batch(list(texts), add_special_tokens=False)
-        ]
+        with self._special_texts_as_text():
+            encoded = self.fast.encode_batch(list(texts), add_special_tokens=False)
+        return [head + e.ids + [self.eos_id] for e in encoded]
 
-    def with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Token ids of already-formatted text (a rendered chat) and each token's character span."""
+    @contextmanager
+    def _special_texts_as_text(self) -> Iterator[None]:
+        """The fast tokenizer encoding a special token's text as ordinary text (tokenizers'
+        ``encode_special_tokens``) inside the block: a text record's ``<|endoftext|>`` is seven characters of
+        its document, not the end of it. Restored after, for the chats' rendered templates."""
+        assert self.fast is not None
+        before = self.fast.encode_special_tokens
+        self.fast.encode_special_tokens = True
+        try:
+            yield
+        finally:
+            self.fast.encode_special_tokens = before
+
+    def with_offsets(self, text: str, *, document: bool = False) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of already-formatted text (a rendered chat) and each token's character span; ``document``:
+        a plain-text record's, its special tokens' texts encoded as text (as :meth:`documents` does)."""
         if self.fast is None:
             raise DatasetError(
                 f"chat data needs a Hugging Face tokenizer (tokenizer.json) to locate assistant tokens; "
                 f"got {type(self.base).__name__}"
             )
         # No special tokens added: a chat template writes its own (bos_token, <|im_start|>...).
-        encoding = self.fast.encode(text, add_special_tokens=False)
+        if document:
+            with self._special_texts_as_text():
+                encoding = self.fast.encode(text, add_special_tokens=False)
+        else:
+            encoding = self.fast.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets

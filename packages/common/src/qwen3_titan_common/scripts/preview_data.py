@@ -67,8 +67,8 @@ def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
             raise InvalidRecord(record.error)
         if chat is None:
             text = text_of(record.value, args.text_field)
-            tokens.check_plain(text, f"field '{args.text_field}'")
-            ids, offsets = tokens.with_offsets(text)
+            tokens.check_plain(text, f"field '{args.text_field}'", document=True)
+            ids, offsets = tokens.with_offsets(text, document=True)
             # Text: every token but the first is a label (the first starts the document: no token before it).
             mask = [0] + [1] * (len(ids) - 1)
             return PreviewRecord(record.location, "text", [_row(ids, mask, text, offsets, args)])
