@@ -342,3 +342,32 @@ def test_template_without_generation_prompt_is_refused_in_one_line(tmp_path):
     directory = qwen3_tokenizer_dir(tmp_path / "tok", template)
     with pytest.raises(DatasetError, match=r"writes no generation prompt .*\{% generation %\}"):
         rows(tmp_path, directory, [chat(1, system=False, kind="plain")])
+
+
+def test_openai_weight_zero_keeps_an_assistant_turn_as_context_untrained(tmp_path, instruct_dir):
+    # OpenAI's fine-tuning format: "weight": 0 on an assistant message is context, 1 (or none) is trained.
+    hf = hf_tokenizer(instruct_dir)
+    record = chat(3, system=False, kind="plain")
+    assistants = [i for i, m in enumerate(record["messages"]) if m["role"] == "assistant"]
+    weighted = json.loads(json.dumps(record))
+    weighted["messages"][assistants[0]]["weight"] = 0
+    weighted["messages"][assistants[1]]["weight"] = 1
+    [(inputs_all, labels_all)] = rows(tmp_path, instruct_dir, [record])
+    [(inputs_weighted, labels_weighted)] = rows(tmp_path, instruct_dir, [weighted])
+    assert inputs_weighted == inputs_all  # the same conversation: the weighted-out turn stays as context
+    trained_all, trained_weighted = trained_text(hf, labels_all), trained_text(hf, labels_weighted)
+    first = record["messages"][assistants[0]]["content"]
+    assert first in trained_all and first not in trained_weighted
+    for i in assistants[1:]:
+        assert record["messages"][i]["content"] in trained_weighted
+    # A weight no one can mean, on another role, or on every turn: one line naming the message.
+    for change, said in (
+        ({assistants[0]: 0.5}, rf"messages\[{assistants[0]}\]: field 'weight' is 0.5 \(expected 0"),
+        ({0: 0}, r"messages\[0\]: field 'weight' on a user message"),
+        ({i: 0 for i in assistants}, r'every assistant message has "weight": 0; nothing to train'),
+    ):
+        bad = json.loads(json.dumps(record))
+        for i, weight in change.items():
+            bad["messages"][i]["weight"] = weight
+        with pytest.raises(BadRecordError, match=rf"chat.jsonl:1: {said}"):
+            rows(tmp_path, instruct_dir, [bad])

@@ -144,18 +144,31 @@ class ChatTokenizer:
                 self.tokens.check_plain(written, f"{messages_field}[{i}].tool_calls[{j}]")
 
     def tokenize(self, conversation: Conversation) -> list[ChatTokens]:
-        """The rows one conversation trains: one, or with ``split`` one more per turn cut out."""
+        """The rows one conversation trains: one, or with ``split`` one more per turn cut out. An assistant
+        message with OpenAI fine-tuning's ``"weight": 0`` stays in the conversation as context, untrained."""
         text, spans = self.turns(conversation)
-        if self.earlier_reasoning == "template":
-            return [self._tokens(text, spans)]
+        untrained = weighted_out(conversation)
         assistants = conversation.assistant_indices()
-        if len(spans) != len(assistants):
+        if (untrained or self.earlier_reasoning != "template") and len(spans) != len(assistants):
+            why = (
+                f"--dataloader.earlier_reasoning {self.earlier_reasoning}"
+                if self.earlier_reasoning != "template"
+                else f'messages[{min(untrained)}]\'s "weight": 0'
+            )
             raise InvalidRecord(
                 f"the chat template marks {len(spans)} {{% generation %}} block(s) for {len(assistants)} "
-                f"assistant message(s); --dataloader.earlier_reasoning {self.earlier_reasoning} needs one each"
+                f"assistant message(s); {why} needs one each"
             )
+        if untrained and all(i in untrained for i in assistants):
+            raise InvalidRecord('every assistant message has "weight": 0; nothing to train')
+        if self.earlier_reasoning == "template":
+            if untrained:
+                spans = [span for i, span in zip(assistants, spans, strict=True) if i not in untrained]
+            return [self._tokens(text, spans)]
         kept, rows = [], []
         for i, span in zip(assistants, spans, strict=True):
+            if i in untrained:
+                continue
             reasoning = reasoning_of(conversation.messages[i])
             if not reasoning or reasoning in text[span[0] : span[1]]:
                 kept.append(span)
@@ -179,6 +192,30 @@ class ChatTokenizer:
     def _tokens(self, text: str, spans: list[tuple[int, int]]) -> ChatTokens:
         ids, offsets = self.tokens.with_offsets(text)
         return ChatTokens(ids=ids, trained=overlapping(offsets, spans), text=text, offsets=offsets)
+
+
+def weighted_out(conversation: Conversation) -> set[int]:
+    """The assistant messages that OpenAI's fine-tuning format marks ``"weight": 0`` (kept as context, not
+    trained); ``1`` or no weight trains. Any other value, or a weight on another role, is refused: it would
+    otherwise be trained as if it meant nothing."""
+    untrained = set()
+    for i, message in enumerate(conversation.messages):
+        if "weight" not in message:
+            continue
+        weight = message["weight"]
+        if message.get("role") != "assistant":
+            raise InvalidRecord(
+                f"messages[{i}]: field 'weight' on a {message.get('role')} message (OpenAI's fine-tuning format "
+                "weighs assistant messages only)"
+            )
+        if isinstance(weight, bool) or weight not in (0, 1):
+            raise InvalidRecord(
+                f"messages[{i}]: field 'weight' is {weight!r} (expected 0: context, not trained, or 1: trained, "
+                "as in OpenAI's fine-tuning format)"
+            )
+        if weight == 0:
+            untrained.add(i)
+    return untrained
 
 
 def overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> np.ndarray:
