@@ -2,6 +2,7 @@
 
 import json
 import logging
+import re
 
 import pytest
 from qwen3_titan_common.assets import default_tokenizer_dir
@@ -232,6 +233,21 @@ def test_all_records_bad_stops_instead_of_looping(tmp_path, tokenizer):
 
 
 # -- the dataset as a whole: checked when the config is built ----------------------------------
+
+
+def test_a_path_that_is_neither_a_file_nor_a_folder_is_named_as_what_it_is(tmp_path):
+    import os
+
+    fifo = tmp_path / "feed.jsonl"
+    os.mkfifo(fifo)
+    (tmp_path / "gone.jsonl").symlink_to(tmp_path / "moved.jsonl")
+    for path, what in (
+        (fifo, "is a named pipe (FIFO), not a data file or folder"),  # reading it would wait forever
+        ("/dev/null", "is a character device, not a data file or folder"),
+        (tmp_path / "gone.jsonl", f"is a symbolic link to {tmp_path / 'moved.jsonl'}, which does not exist"),
+    ):
+        with pytest.raises(DatasetError, match=re.escape(f"--dataloader.dataset '{path}': {what}")):
+            TextChatDataLoader.Config(dataset=str(path))
 
 
 def test_missing_path_says_how_to_download(tmp_path, monkeypatch):

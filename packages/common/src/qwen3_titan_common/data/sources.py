@@ -190,9 +190,34 @@ def resolve_dataset(spec: str, *, split: str = "train", allow_network: bool = Fa
                 f"datasets.save_to_disk directory (found: {', '.join(present) or 'nothing'}); expected {SUPPORTED}"
             )
         return ResolvedDataset(spec, "files", files=tuple(files), note=note)
+    other = _not_a_file_or_folder(path)
+    if other is not None:
+        raise DatasetError(
+            f"--dataloader.dataset '{spec}': is {other}, not a data file or folder; expected {SUPPORTED}"
+        )
     if allow_network and _looks_like_hub_id(spec):
         return ResolvedDataset(spec, "hub")
     raise DatasetError(_download_hint(spec))
+
+
+def _not_a_file_or_folder(path: Path) -> str | None:
+    """What ``path`` is when it exists as neither a regular file nor a folder (a named pipe would block the
+    reader forever, a device never ends), in words; None when there is nothing there."""
+    import stat
+
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        return f"a symbolic link to {os.readlink(path)}, which does not exist"
+    kinds = {
+        stat.S_ISFIFO: "a named pipe (FIFO)",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
 
 
 def split_names(spec: str, *, allow_network: bool = False) -> list[str]:

@@ -167,7 +167,9 @@ def refused_message(refused, argv: list[str], config=None) -> str:
             section = flag_spelling(f"--{refused.section}.")
             typed = [a.split("=", 1)[0] for a in argv if flag_spelling(a).startswith(section)]
             flag = ", ".join(dict.fromkeys(typed)) or f"--{refused.section}.*"
-        return f"{flag}: {_expected(refused.message)}" if flag else _expected(refused.message)
+        if flag is None or refused.message.lstrip().startswith("--"):
+            return _expected(refused.message)  # a section's own check names its flag itself
+        return f"{flag}: {_expected(refused.message)}"
     if kind == "missing_value":
         return f"{flag}: expected a value after it"
     if kind == "fixed":
