@@ -63,3 +63,35 @@ def test_the_traceback_switch_means_what_it_says(tmp_path, monkeypatch):
             env={**ENV, "QWEN3_TITAN_SHOW_TRACEBACK": value}, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         check_failure(proc.returncode, proc.stdout, proc.stderr, 2, "--training.seq_len 4096")
+
+
+def test_a_node_waiting_for_the_others_says_what_where_and_until_when(tmp_path):
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [TRAIN, "--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}", "--steps", "1",
+         "--dump_folder", str(tmp_path / "out")],
+        cwd=tmp_path, env=ENV, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    started, lines = time.monotonic(), []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "waiting at" in line:
+                said = time.monotonic() - started
+            if "torchrun" in line and "--rdzv_conf" in line:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    (line,) = [line for line in lines if "waiting at" in line]
+    assert line.startswith(f"[train] node 0 of 2: waiting at 127.0.0.1:{port} for all 2 nodes to join"), lines
+    assert "gives up at" in line and "in 600 s" in line
+    assert said < 30, said  # before torchrun starts waiting, not when it gives up
+    assert any("--rdzv_conf join_timeout=600" in earlier for earlier in lines), lines

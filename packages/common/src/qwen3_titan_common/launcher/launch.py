@@ -134,7 +134,24 @@ def _run(plan: LaunchPlan, command: list[str], show_traceback: bool):
     titan = before_subcommands(plan.titan_args(), ("--launcher.command", shlex.join(command)))
     torchrun = [torchrun_executable(), *plan.torchrun_args(), "-m", "torchtitan.train", *titan]
     env = {**os.environ, **plan.env_updates}
+    if plan.nnodes > 1:
+        print(f"[train] {waiting_line(plan)}", file=sys.stderr, flush=True)
     return run_torchrun(torchrun, env, shown_env=plan.env_updates, show_tracebacks=show_traceback)
+
+
+def waiting_line(plan: LaunchPlan, now: float | None = None) -> str:
+    """What a node of a job of several waits for, where, and until when: torchrun's rendezvous gives up after
+    its join timeout if a node never comes, and says nothing meanwhile."""
+    from qwen3_titan_common.launcher.plan import RDZV_JOIN_TIMEOUT_S
+
+    until = time.strftime(
+        "%H:%M:%S", time.localtime((time.time() if now is None else now) + RDZV_JOIN_TIMEOUT_S)
+    )
+    return (
+        f"node {plan.node_rank} of {plan.nnodes}: waiting at {plan.rdzv_endpoint} for all {plan.nnodes} nodes to "
+        f"join (each runs this command with its own --node-rank); torchrun's rendezvous gives up at {until}, "
+        f"in {RDZV_JOIN_TIMEOUT_S} s, if one does not come"
+    )
 
 
 def _interrupted_before_any_rank() -> int:

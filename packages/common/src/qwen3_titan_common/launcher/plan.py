@@ -24,6 +24,9 @@ from qwen3_titan_common.launcher.knobs import add_knob_arguments, knob_flags, ma
 from qwen3_titan_common.perf.fit import memory_flag
 from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
+# How long a node waits at the rendezvous for the others to join (torchrun's c10d join timeout).
+RDZV_JOIN_TIMEOUT_S = 600
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -73,6 +76,8 @@ class LaunchPlan:
         ]
         if self.nnodes > 1:
             args += [f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}"]
+            # Stated, not torchrun's implicit default, so that the launcher's line says how long a node waits.
+            args += ["--rdzv_conf", f"join_timeout={RDZV_JOIN_TIMEOUT_S}"]
         args += torchrun_flags(self.max_restarts, self.rdzv_id)
         args += ["--local-ranks-filter", "0", "--role", "rank", "--tee", "3"]
         return args
