@@ -286,3 +286,29 @@ def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path, flag
     assert (
         list(tmp_path.iterdir()) == []
     )  # nothing written where it ran (its runs went to a temporary folder)
+
+
+@pytest.mark.slow
+def test_check_layout_takes_the_jobs_own_flags_and_writes_none_of_its_folders(tmp_path_factory):
+    # The job's export, checkpoint and logging flags are accepted and change nothing; its folders (--out,
+    # --hf.export_dir) get nothing; a model shallower than the check's 2 layers is checked at its own depth.
+    model = make_tiny_checkpoint(
+        tmp_path_factory.mktemp("shallow") / "m", config_changes={"num_hidden_layers": 1}
+    )
+    here = tmp_path_factory.mktemp("job")
+    env = {
+        **os.environ,
+        "QWEN3_TITAN_DEVICE": "cpu",
+        "QWEN3_TITAN_BACKEND": "native-backend",
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        TRAIN, "--check-layout", "--hf-model", str(model), "--nproc", "2", "--batch-size", "4", "--seq-len", "64",
+        "--hf.no-export", "--hf.export_dir", "exports", "--checkpoint.interval", "5", "--metrics.log_freq", "2",
+        "--out", "job",
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    last = [line for line in proc.stdout.splitlines() if line.startswith("[check] ")][-1]
+    assert "(1 of the model's 1 layers, 3 steps, global batch 8 x 64)" in last and last.endswith(": ok"), last
+    assert list(here.iterdir()) == []

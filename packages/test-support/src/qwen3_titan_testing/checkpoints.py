@@ -56,7 +56,10 @@ def make_tiny_checkpoint(
     torch.manual_seed(seed)
     config = tiny_qwen3_config(moe=moe, tied=tied, vocab_size=vocab_size)
     if config_changes:
-        config = type(config).from_dict({**config.to_dict(), **config_changes})
+        source = config.to_dict()
+        if "num_hidden_layers" in config_changes:
+            source.pop("layer_types", None)  # one per layer: transformers derives them again
+        config = type(config).from_dict({**source, **config_changes})
     model = AutoModelForCausalLM.from_config(config).to(dtype)
     # Norm weights start at 1.0; perturb them so a loader that skips them is caught.
     with torch.no_grad():

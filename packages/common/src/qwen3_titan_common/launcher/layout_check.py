@@ -25,11 +25,12 @@ from qwen3_titan_common.models.layout import Layout, resolve_layout
 
 CHECK_LAYERS = 2
 CHECK_STEPS = 3
-# Both runs: the reduced model, a few logged steps in fp32 from one seed, nothing kept.
+# Both runs: the reduced model (``--debug.layers``, at most CHECK_LAYERS), a few logged steps in fp32 from one
+# seed, nothing kept; given after the job's own flags, these win over them (its export, checkpoint and logging
+# flags are accepted and change nothing here).
 FIXED = [
-    "--debug.layers", str(CHECK_LAYERS), "--training.steps", str(CHECK_STEPS),
-    "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--metrics.log_freq", "1",
-    "--checkpoint.no-enable", "--validator.no-enable",
+    "--training.steps", str(CHECK_STEPS), "--training.mixed_precision_param", "float32", "--debug.seed", "0",
+    "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validator.no-enable",
 ]  # fmt: skip
 # The one-rank run: every parallel degree 1 (given last, these win over the job's own flags).
 ONE_RANK = [
@@ -73,8 +74,15 @@ class LayoutCheck:
             layers=config.architecture.num_hidden_layers,
         )
 
+    @property
+    def depth(self) -> int:
+        """Decoder layers the check trains: CHECK_LAYERS, or the model's own depth where it has fewer."""
+        return min(CHECK_LAYERS, self.layers)
+
     def jobs(self, plan, folder: Path) -> dict[str, PlannedJob]:
-        """The two runs: the layout (every rank on this machine) and one rank (its export gives the bound)."""
+        """The two runs: the layout (every rank on this machine) and one rank (its export gives the bound),
+        both writing only below ``folder`` whatever folders the job's own flags name."""
+        reduced = ["--debug.layers", str(self.depth), *FIXED]
         here = {
             "nnodes": 1,
             "node_rank": 0,
@@ -87,7 +95,7 @@ class LayoutCheck:
             nproc_per_node=plan.world_size,
             passthrough=[
                 *plan.passthrough,
-                *FIXED,
+                *reduced,
                 "--hf.no-export",
                 "--dump_folder",
                 str(folder / "layout"),
@@ -101,11 +109,16 @@ class LayoutCheck:
             nproc_per_node=1,
             passthrough=[
                 *plan.passthrough,
-                *FIXED,
+                *reduced,
                 *ONE_RANK,
                 *batch,
                 "--dump_folder",
                 str(folder / "one-rank"),
+                # Its export gives the bound: written, and below the check's folder, even where the job writes
+                # none (--hf.no-export) or writes its own elsewhere (--hf.export_dir).
+                "--hf.export",
+                "--hf.export_dir",
+                str(folder / "one-rank" / "hf"),
             ],
             **here,
         )
@@ -126,7 +139,7 @@ class LayoutCheck:
             if worst is None or ratio > worst[0]:
                 worst = (ratio, step, abs(loss - expected), bound)
         what = (
-            f"{self.layout.describe()} against 1 rank ({CHECK_LAYERS} of the model's {self.layers} layers, "
+            f"{self.layout.describe()} against 1 rank ({self.depth} of the model's {self.layers} layers, "
             f"{CHECK_STEPS} steps, global batch {self.global_batch} x {self.seq_len})"
         )
         if worst is None:
@@ -148,7 +161,7 @@ def check_layout(plan, run_job: RunJob) -> int:
         summaries = {}
         for name, job in check.jobs(plan, folder).items():
             print(
-                f"[check] {name}: {job.world_size} rank(s), {CHECK_LAYERS} layers, {CHECK_STEPS} steps",
+                f"[check] {name}: {job.world_size} rank(s), {check.depth} layers, {CHECK_STEPS} steps",
                 flush=True,
             )
             code, summary = run_job(job)
