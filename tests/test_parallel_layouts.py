@@ -311,4 +311,7 @@ def test_check_layout_takes_the_jobs_own_flags_and_writes_none_of_its_folders(tm
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     last = [line for line in proc.stdout.splitlines() if line.startswith("[check] ")][-1]
     assert "(1 of the model's 1 layers, 3 steps, global batch 8 x 64)" in last and last.endswith(": ok"), last
+    assert (
+        "[check] the layout's 2 ranks all run on this machine, one process each, beside 1 rank" in proc.stdout
+    )
     assert list(here.iterdir()) == []

@@ -152,10 +152,25 @@ class LayoutCheck:
         return ok, f"{what}: largest loss difference {diff:.2e} at step {step}, bound {bound:.2e}: {verdict}"
 
 
+def how_it_runs(ranks: int, nnodes: int) -> str:
+    """How the check runs a job's ranks, said before it starts them: all on this machine, one process each
+    (``--nnodes`` folded into ``--nproc``), and what that costs where they outnumber its cores."""
+    cores = os.cpu_count() or 1
+    folded = f" (the job's {nnodes} nodes folded onto this one)" if nnodes > 1 else ""
+    line = f"the layout's {ranks} ranks all run on this machine{folded}, one process each, beside 1 rank"
+    if ranks > cores:
+        line += (
+            f"; {ranks} processes on {cores} CPU cores take turns, so each step waits for the slowest: expect "
+            "minutes rather than seconds"
+        )
+    return line
+
+
 def check_layout(plan, run_job: RunJob) -> int:
     """Run both jobs with ``run_job`` (the launcher's torchrun), print the verdict; 0 when ok, 1 when not,
     or the failing run's exit code."""
     check = LayoutCheck.of(plan)
+    print(f"[check] {how_it_runs(plan.world_size, plan.nnodes)}", flush=True)
     folder = Path(tempfile.mkdtemp(prefix="qwen3-titan-check-layout-"))
     try:
         summaries = {}
