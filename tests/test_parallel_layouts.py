@@ -200,7 +200,8 @@ def moe(tmp_path_factory):
 def test_expert_parallel_with_fsdp_trains_what_one_rank_trains(moe, tmp_path):
     # 4 ranks: the experts over 2 expert-parallel ranks, every weight sharded by FSDP over 4 (dp_shard 4).
     reference, bounds = moe
-    ep = ["--parallelism.expert_parallel_degree", "2", "--moe.capacity_factor", _no_drop_capacity()]
+    # Default flags: on the CPU the exchange's default capacity drops no token.
+    ep = ["--parallelism.expert_parallel_degree", "2"]
     scalars = _train("nki-moe-backend", tmp_path / "ep", 4, *MOE, *ep, "--batch-size", "2", *NO_OUTPUTS)
     _assert_same_losses(reference[LOSS], scalars[LOSS], bounds)
     assert scalars["moe/dropped_share"] == [0.0] * STEPS
@@ -211,14 +212,7 @@ def test_expert_parallel_with_context_parallel_trains_what_one_rank_trains(tmp_p
     # 4 ranks: rows over 2 CP ranks, the experts over 2 expert-parallel ranks, 2 data-parallel rows of batch 4.
     # Without the router balance loss, which runs with data and expert parallelism only.
     one = _train("nki-moe-backend", tmp_path / "one", 1, "--config", "debug_moe", "--checkpoint.no-enable")
-    layout = [
-        CP,
-        "2",
-        "--parallelism.expert_parallel_degree",
-        "2",
-        "--moe.capacity_factor",
-        _no_drop_capacity(),
-    ]
+    layout = [CP, "2", "--parallelism.expert_parallel_degree", "2"]
     four = _train("nki-moe-backend", tmp_path / "cp-ep", 4, "--config", "debug_moe", *layout, "--batch-size", "4",
                   *NO_OUTPUTS)  # fmt: skip
     _assert_same_losses(

@@ -9,9 +9,10 @@
                                            loads summed over the data-parallel ranks first, as the
                                            Qwen3 report describes)
     --moe.capacity_factor F                with --parallelism.expert_parallel_degree > 1: rows each rank
-                                           sends each expert, in multiples of a balanced load (default 2
-                                           off CUDA; on CUDA it asks for the fixed-capacity exchange
-                                           instead of torchtitan's all-to-all; models.ep_dispatch)
+                                           sends each expert, in multiples of a balanced load (default: 2
+                                           on Neuron; on the CPU experts / top_k, which drops no token; on
+                                           CUDA it asks for the fixed-capacity exchange instead of
+                                           torchtitan's all-to-all; models.ep_dispatch)
 
 The loss is :class:`LMLossWithRouterBalance`, torchtitan's cross-entropy with the balance term
 (``models.routing``) added to what is differentiated but not to what is reported: the loss torchtitan
@@ -253,7 +254,9 @@ def with_expert_exchange(config, device_type: str):
     degree = config.parallelism.expert_parallel_degree
     factor = config.moe.capacity_factor
     if factor is not None and (isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0):
-        raise UserInputError(f"--moe.capacity_factor {factor}: expected a positive number (2 is the default)")
+        raise UserInputError(
+            f"--moe.capacity_factor {factor}: expected a positive number (experts / top_k drops no token)"
+        )
     if degree <= 1:
         if factor is not None:
             raise UserInputError(
@@ -267,9 +270,13 @@ def with_expert_exchange(config, device_type: str):
     if device_type == "cuda" and factor is None:
         logger.info(f"[moe] expert parallel {degree}: torchtitan's all-to-all token exchange")
         return config
-    factor = DEFAULT_CAPACITY_FACTOR if factor is None else factor
     top_k = config.architecture.moe.num_experts_per_tok
     never = num_experts / top_k
+    if factor is None:
+        # Every layout trains what one rank trains by default: on the CPU the capacity that drops no token (each
+        # expert can take every token of each rank; its empty rows cost compute, not numbers). Neuron's compiler
+        # wants the smaller fixed shapes, and drops over them are counted.
+        factor = DEFAULT_CAPACITY_FACTOR if device_type == "neuron" else never
     logger.info(
         f"[moe] expert parallel {degree}: fixed-capacity token exchange, {factor:g}x a balanced load per expert "
         f"(--moe.capacity_factor; {never:g} or more drops no token); dropped tokens are counted in the step line"
