@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 from qwen3_titan_common.models import document_blocks as block_sparse
-from qwen3_titan_common.models.context_parallel import ContextParallelBlocks, gather_row
+from qwen3_titan_common.models.context_parallel import ContextParallelBlocks, row_attention
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -59,14 +59,11 @@ def document_blocks_attention(
         return sdpa_attention_forward(
             module, query, key, value, None, scaling=scaling, is_causal=True, **kwargs
         )
-    key_BLHD, value_BLHD = key.transpose(1, 2), value.transpose(1, 2)
+    q_BLHD, k_BLHD, v_BLHD = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     if isinstance(document_blocks, ContextParallelBlocks):
-        # This CP rank's queries against the whole row's keys and values, gathered from its group.
-        key_BLHD, value_BLHD = gather_row(key_BLHD, document_blocks), gather_row(value_BLHD, document_blocks)
-        document_blocks = document_blocks.blocks
-    out_BLHD = block_sparse.block_sparse_attention(
-        query.transpose(1, 2), key_BLHD, value_BLHD, document_blocks, scale=scaling
-    )
+        out_BLHD = row_attention(q_BLHD, k_BLHD, v_BLHD, document_blocks, scale=scaling)
+    else:
+        out_BLHD = block_sparse.block_sparse_attention(q_BLHD, k_BLHD, v_BLHD, document_blocks, scale=scaling)
     return out_BLHD.contiguous(), None
 
 

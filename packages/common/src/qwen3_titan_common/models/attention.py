@@ -22,7 +22,7 @@ from qwen3_titan_common.models.context_parallel import (
     ContextParallelBlocks,
     block_size_for,
     chunk_size,
-    gather_row,
+    row_attention,
 )
 from qwen3_titan_common.models.document_blocks import (
     DEFAULT_BLOCK_SIZE,
@@ -98,9 +98,7 @@ class DocumentBlockAttention(ScaledDotProductAttention):
                 self, q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, is_causal=is_causal
             )
         if isinstance(attention_masks, ContextParallelBlocks):
-            # This rank's queries against the whole row's keys and values, gathered from the CP group.
-            k_BLNH, v_BLNH = gather_row(k_BLNH, attention_masks), gather_row(v_BLNH, attention_masks)
-            return block_sparse_attention(q_BLNH, k_BLNH, v_BLNH, attention_masks.blocks, scale=scale)
+            return row_attention(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale=scale)
         if not isinstance(attention_masks, DocumentBlocks):
             raise TypeError(
                 f"DocumentBlockAttention takes the batch's DocumentBlocks, got {type(attention_masks).__name__}"
@@ -144,10 +142,10 @@ def uses_document_blocks(model_config) -> bool:
 def with_document_context_parallel(config):
     """``config`` set up for context parallelism over our attention, where it asks for CP (else itself).
 
-    The CP split is this module's (the trainer's and validator's ``post_dataloading_process``) and the gather
-    is the attention's own, so the model is parallelised on torchtitan's ``partial_dtensor`` path
-    (``models.context_parallel.parallelize_decoder``): its default ``spmd_types`` path refuses context parallelism for any attention
-    but Flex."""
+    The CP split is ours (the trainer's and validator's ``post_dataloading_process``) and the gather is the
+    attention's own, so the model is parallelised on torchtitan's ``partial_dtensor`` path
+    (``models.context_parallel.parallelize_decoder``): its default ``spmd_types`` path refuses context
+    parallelism for any attention but Flex."""
     parallelism = config.parallelism
     attention = document_attention_of(config.model_spec.model)
     degree, seq_len = parallelism.context_parallel_degree, config.training.seq_len

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from qwen3_titan_common.models.document_blocks import DocumentBlocks, document_blocks
+from qwen3_titan_common.models.document_blocks import DocumentBlocks, block_sparse_attention, document_blocks
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,6 @@ class ContextParallelBlocks:
 
     blocks: DocumentBlocks
     group: dist.ProcessGroup
-    degree: int
 
 
 def chunk_size(seq_len: int, degree: int) -> int:
@@ -104,6 +103,22 @@ def gather_row(x_BLHD: torch.Tensor, cp: ContextParallelBlocks) -> torch.Tensor:
     return torch.cat([p[:, :half] for p in parts] + [p[:, half:] for p in reversed(parts)], dim=1)
 
 
+def row_attention(
+    q_BLHD: torch.Tensor,
+    k_BLHD: torch.Tensor,
+    v_BLHD: torch.Tensor,
+    cp: ContextParallelBlocks,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """A CP rank's per-document attention: its ``(batch, local seq, heads, dim)`` queries against the whole
+    row's keys and values, gathered from its group; every attention of ours under CP (torchtitan's inner
+    attention, hf-v5's transformers attention function) calls this one."""
+    return block_sparse_attention(
+        q_BLHD, gather_row(k_BLHD, cp), gather_row(v_BLHD, cp), cp.blocks, scale=scale
+    )
+
+
 def context_parallel_blocks(
     positions_BL: torch.Tensor,
     *,
@@ -129,7 +144,7 @@ def context_parallel_blocks(
         query_blocks=query_blocks,
     )
     assert blocks is not None
-    return ContextParallelBlocks(blocks=blocks, group=group, degree=degree)
+    return ContextParallelBlocks(blocks=blocks, group=group)
 
 
 def split_for_context_parallel(
