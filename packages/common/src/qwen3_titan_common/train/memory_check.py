@@ -111,6 +111,8 @@ class JobModel:
         """``memory`` plus what context parallelism adds and a fake step of the rank's share does not show: each
         layer keeps the whole row's gathered keys and values for its backward (every layer's, or one layer's at
         a time when full recomputation recomputes them), beside the rank's own share the tracker counted."""
+        from torchtitan.distributed.activation_checkpoint import FullAC
+
         cp = self.parallel_dims.cp
         arch = getattr(self.config, "architecture", None)
         if cp <= 1 or arch is None:
@@ -119,8 +121,6 @@ class JobModel:
         dtype_bytes = 4 if self.config.training.mixed_precision_param == "float32" else 2
         kv_heads = max(1, arch.num_key_value_heads // self.parallel_dims.tp)
         per_layer = 2 * batch * (seq_len - seq_len // cp) * kv_heads * arch.head_dim * dtype_bytes
-        from torchtitan.distributed.activation_checkpoint import FullAC
-
         layers = 1 if isinstance(ac_config, FullAC.Config) else arch.num_hidden_layers
         by_kind = {**memory.by_kind, "activations": memory.by_kind["activations"] + per_layer * layers}
         return dataclasses.replace(memory, by_kind=by_kind)
