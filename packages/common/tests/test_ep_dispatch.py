@@ -1,6 +1,7 @@
-"""The fixed-capacity expert-parallel exchange computes what one rank computes: outputs and gradients.
+"""Our expert-parallel exchanges compute what one rank computes: outputs and gradients.
 
-Two real gloo processes (the CPU's collectives) each hold half the tokens and half the experts; one process
+Both the exchange of exactly the routed rows (the CPU's default) and the fixed-capacity one (Neuron's). Two
+real gloo processes (the CPU's collectives) each hold half the tokens and half the experts; one process
 computes the same tokens through torchtitan's local dispatcher with every expert. Expert parallelism bugs
 often give right losses and wrong gradients, so the gradients of the tokens, the routing scores and each
 expert's weights are compared, and dropped assignments (over capacity) must add exactly nothing.
@@ -15,8 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from qwen3_titan_common.models.ep_dispatch import CapacityTokenDispatcher
+from qwen3_titan_common.models.ep_dispatch import CapacityTokenDispatcher, ExactTokenDispatcher
 from qwen3_titan_common.train.tolerance import assert_close_reduction
+from torchtitan.distributed.utils import set_spmd_backend
 from torchtitan.models.common.token_dispatcher import LocalTokenDispatcher
 
 E, K, T, D, RANKS = 4, 2, 6, 8, 2  # experts, top-k, tokens per rank, width, expert-parallel ranks
@@ -54,13 +56,18 @@ def _kept_TK(ids_TK, capacity: int):
     return kept
 
 
-def _reference(capacity_factor: float):
-    """One process, every expert: the local dispatcher, with each rank's over-capacity assignments removed."""
-    x_TD, scores_TK, ids_TK, w_EDD = (t.clone().requires_grad_(t.is_floating_point()) for t in _inputs())
-    probe = CapacityTokenDispatcher(
+def _dispatcher(capacity_factor: float | None):
+    if capacity_factor is None:
+        return ExactTokenDispatcher(ExactTokenDispatcher.Config(num_experts=E, top_k=K))
+    return CapacityTokenDispatcher(
         CapacityTokenDispatcher.Config(num_experts=E, top_k=K, capacity_factor=capacity_factor)
     )
-    capacity = probe.capacity(T)
+
+
+def _reference(capacity_factor: float | None):
+    """One process, every expert: the local dispatcher, with each rank's over-capacity assignments removed."""
+    x_TD, scores_TK, ids_TK, w_EDD = (t.clone().requires_grad_(t.is_floating_point()) for t in _inputs())
+    capacity = T if capacity_factor is None else _dispatcher(capacity_factor).capacity(T)
     kept_TK = torch.cat([_kept_TK(ids_TK[r * T : (r + 1) * T], capacity) for r in range(RANKS)])
     local = LocalTokenDispatcher(LocalTokenDispatcher.Config(num_experts=E, top_k=K))
     counts_E = torch.bincount(ids_TK.reshape(-1), minlength=E)
@@ -70,7 +77,10 @@ def _reference(capacity_factor: float):
     return out_TD.detach(), x_TD.grad, scores_TK.grad * kept_TK, w_EDD.grad, int((~kept_TK).sum())
 
 
-def _rank(rank: int, store_path: str, capacity_factor: float, results):
+def _rank(rank: int, store_path: str, capacity_factor: float | None, results):
+    # Outside a model torchtitan has no spmd_types mesh to name the exchange's group by; the exchanges are
+    # the same hooks on either path (a real spmd_types run: tests/test_parallel_layouts.py).
+    set_spmd_backend("partial_dtensor")
     dist.init_process_group("gloo", store=dist.FileStore(store_path, RANKS), rank=rank, world_size=RANKS)
     try:
         from torch.distributed.device_mesh import init_device_mesh
@@ -82,22 +92,35 @@ def _rank(rank: int, store_path: str, capacity_factor: float, results):
         scores_TK = scores_all[mine].clone().requires_grad_()
         ids_TK = ids_all[mine]
         w_eDD = w_all[experts].clone().requires_grad_()
-        dispatcher = CapacityTokenDispatcher(
-            CapacityTokenDispatcher.Config(num_experts=E, top_k=K, capacity_factor=capacity_factor)
-        )
+        dispatcher = _dispatcher(capacity_factor)
         dispatcher.wire_meshes(ep_mesh=mesh)
         counts_E = torch.bincount(ids_TK.reshape(-1), minlength=E)
-        routed, counts, metadata = dispatcher.dispatch(x_TD, scores_TK, ids_TK, counts_E)
-        out_TD = dispatcher.combine(_experts(routed, counts, w_eDD), metadata, x_TD)
+
+        def layer(x_TD, scores_TK, w_eDD):
+            routed, counts, metadata = dispatcher.dispatch(x_TD, scores_TK, ids_TK, counts_E)
+            return dispatcher.combine(_experts(routed, counts, w_eDD), metadata, x_TD), counts
+
+        out_TD, counts = layer(x_TD, scores_TK, w_eDD)
         weights = torch.arange(RANKS * T * D).reshape(RANKS * T, D)[mine].sin()
         (out_TD * weights).sum().backward()
-        dropped, routed_count = dispatcher.take_dropped()
-        results[rank] = (out_TD.detach(), x_TD.grad, scores_TK.grad, w_eDD.grad, dropped, routed_count)
+        if capacity_factor is None:
+            results[rank] = (out_TD.detach(), x_TD.grad, scores_TK.grad, w_eDD.grad, 0, int(counts.sum()))
+            return
+        taken = dispatcher.take_dropped()
+        # Counted once per training forward: a forward without gradients (validation) counts nothing, and one
+        # whose activations are recomputed in the backward (activation checkpointing) counts as one forward.
+        with torch.no_grad():
+            layer(x_TD, scores_TK, w_eDD)
+        not_trained = dispatcher.take_dropped()
+        recomputed_TD, _ = torch.utils.checkpoint.checkpoint(layer, x_TD, scores_TK, w_eDD, use_reentrant=False)
+        (recomputed_TD * weights).sum().backward()
+        results[rank] = (out_TD.detach(), x_TD.grad / 2, scores_TK.grad / 2, w_eDD.grad / 2, *taken)
+        results[rank, "counts"] = (not_trained, dispatcher.take_dropped(), taken)
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("capacity_factor", [E / K, 1.0], ids=["never-drops", "drops"])
+@pytest.mark.parametrize("capacity_factor", [None, E / K, 1.0], ids=["exact", "never-drops", "drops"])
 def test_two_ranks_compute_what_one_rank_computes(tmp_path, capacity_factor):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with mp.Manager() as manager:
@@ -134,8 +157,12 @@ def test_two_ranks_compute_what_one_rank_computes(tmp_path, capacity_factor):
         for name, (lengths, abs_sum) in bounds.items():
             assert_close_reduction(got[name], want[name], lengths, abs_sum, name=f"rank {rank} {name}")
     assert sum(results[rank][4] for rank in range(RANKS)) == dropped
+    # Exact: the rows this rank's experts computed; fixed capacity: the assignments this rank routed.
     assert sum(results[rank][5] for rank in range(RANKS)) == RANKS * T * K
-    if capacity_factor >= E / K:
+    for rank in range(RANKS if capacity_factor is not None else 0):
+        not_trained, recomputed, once = results[rank, "counts"]
+        assert not_trained == (0, 0) and recomputed == once, results[rank, "counts"]
+    if capacity_factor is None or capacity_factor >= E / K:
         assert dropped == 0
     else:
         assert dropped > 0  # the skewed routing overflows expert 0

@@ -52,6 +52,9 @@ The seams:
   (``aten._scaled_dot_product_flash_attention_for_cpu`` and its backward), called directly so that the
   block-sparse document attention (``models.document_blocks``) saves only its own inputs and recomputes the
   gathered keys in the backward; SDPA's public function would save each gathered copy.
+- :func:`in_recomputed_forward`: whether a forward runs inside the autograd engine, as activation
+  checkpointing's recomputation does (``torch._C._current_graph_task_id``; torch has no public test), so that a
+  module's counts of what it saw are taken once per forward.
 - :func:`raise_on_refused_command_line`: tyro's parse-error hook (``tyro._errors``, private in tyro
   :data:`TYRO`), so that a rank records a refused flag in one line as it records every other error, instead of
   tyro printing its box and exiting before any code of ours runs.
@@ -127,6 +130,13 @@ SUBCLASS_HOOKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "torchtitan.protocols.module.Module": ("_init_self_buffers",),
         # Each RoPE format (ComplexRoPE, CosSinRoPE) is a subclass overriding how its cache is computed.
         "torchtitan.models.common.rope.RoPE": ("_precompute_cache",),
+        # dispatch()/combine() call each of the exchange's collectives through its own method, split out (its
+        # docstring says) so that graph passes can wrap them; the graph trainer does.
+        "torchtitan.models.common.token_dispatcher.AllToAllTokenDispatcher": (
+            "_token_count_exchange",
+            "_dispatch_token_exchange",
+            "_combine_token_exchange",
+        ),
     }
 )
 """The private hooks a subclass of each upstream class ('module.Class') may override and call."""
@@ -466,6 +476,17 @@ def cpu_flash_attention_backward(grad_BHLD, q_BHLD, k_BHSD, v_BHSD, out_BHLD, ls
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad_BHLD, q_BHLD, k_BHSD, v_BHSD, out_BHLD, lse_BHL, 0.0, False, attn_mask=mask_B1LS, scale=scale
     )
+
+
+# -- activation checkpointing's recomputation ---------------------------------------------------------
+
+
+def in_recomputed_forward() -> bool:
+    """Whether this code runs inside the autograd engine's backward: a forward that activation checkpointing
+    recomputes (the engine's current graph task is -1 outside a backward)."""
+    import torch
+
+    return torch._C._current_graph_task_id() != -1
 
 
 # -- the command line torchtitan's parser refuses ------------------------------------------------------

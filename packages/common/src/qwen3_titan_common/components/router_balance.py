@@ -8,11 +8,10 @@
                                            micro-batch balanced on its own) or global_batch (expert
                                            loads summed over the data-parallel ranks first, as the
                                            Qwen3 report describes)
-    --moe.capacity_factor F                with --parallelism.expert_parallel_degree > 1: rows each rank
-                                           sends each expert, in multiples of a balanced load (default: 2
-                                           on Neuron; on the CPU experts / top_k, which drops no token; on
-                                           CUDA it asks for the fixed-capacity exchange instead of
-                                           torchtitan's all-to-all; models.ep_dispatch)
+    --moe.capacity_factor F                with --parallelism.expert_parallel_degree > 1: the fixed-capacity
+                                           exchange, F rows per expert from each rank in multiples of a
+                                           balanced load (Neuron's, default 2 there; elsewhere the exchange
+                                           sends exactly the routed rows unless F is given; models.ep_dispatch)
 
 The loss is :class:`LMLossWithRouterBalance`, torchtitan's cross-entropy with the balance term
 (``models.routing``) added to what is differentiated but not to what is reported: the loss torchtitan
@@ -63,8 +62,9 @@ class MoEOptions:
     """micro_batch (transformers') or global_batch (expert loads summed over data-parallel ranks first)."""
 
     capacity_factor: float | None = None
-    """Expert parallelism's fixed capacity per expert, in multiples of a balanced load (default 2 off CUDA;
-    >= experts / top_k drops no token). On CUDA, setting it replaces torchtitan's all-to-all exchange."""
+    """Expert parallelism's fixed capacity per expert, in multiples of a balanced load (default 2 on Neuron;
+    >= experts / top_k drops no token). Elsewhere, setting it replaces the exchange of exactly the routed
+    rows (torchtitan's on CUDA, ours on the CPU)."""
 
 
 def counted_tokens(labels_BL: torch.Tensor, positions_BL: torch.Tensor | None) -> torch.Tensor | None:
@@ -246,10 +246,12 @@ def with_router_balance(config, where: str = "config.json"):
 
 
 def with_expert_exchange(config, device_type: str):
-    """The run's config with the fixed-capacity expert exchange (``models.ep_dispatch``) where expert
-    parallelism runs off CUDA or ``--moe.capacity_factor`` asks for it; one log line says which exchange
-    runs. A capacity without expert parallelism, or one no one can mean, is refused."""
-    from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR, with_capacity_dispatch
+    """The run's config with the expert exchange its device runs (``models.ep_dispatch``), said in one log
+    line: on CUDA torchtitan's all-to-all, on the CPU ours of exactly the routed rows (gloo runs it; nothing
+    is dropped), on Neuron the fixed-capacity one (one shape per layer), and that one wherever
+    ``--moe.capacity_factor`` asks for it. A capacity without expert parallelism, or one no one can mean, is
+    refused."""
+    from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR, with_token_dispatcher
 
     degree = config.parallelism.expert_parallel_degree
     factor = config.moe.capacity_factor
@@ -266,22 +268,23 @@ def with_expert_exchange(config, device_type: str):
         return config
     if not config.architecture.is_moe:
         return config  # refused by train.preflight, which names the degree
-    num_experts = config.architecture.moe.num_experts
-    if device_type == "cuda" and factor is None:
+    if factor is None and device_type == "cuda":
         logger.info(f"[moe] expert parallel {degree}: torchtitan's all-to-all token exchange")
         return config
-    top_k = config.architecture.moe.num_experts_per_tok
-    never = num_experts / top_k
-    if factor is None:
-        # Every layout trains what one rank trains by default: on the CPU the capacity that drops no token (each
-        # expert can take every token of each rank; its empty rows cost compute, not numbers). Neuron's compiler
-        # wants the smaller fixed shapes, and drops over them are counted.
-        factor = DEFAULT_CAPACITY_FACTOR if device_type == "neuron" else never
-    logger.info(
-        f"[moe] expert parallel {degree}: fixed-capacity token exchange, {factor:g}x a balanced load per expert "
-        f"(--moe.capacity_factor; {never:g} or more drops no token); dropped tokens are counted in the step line"
-    )
+    if factor is None and device_type != "neuron":
+        logger.info(
+            f"[moe] expert parallel {degree}: token exchange of exactly the routed rows (none dropped; "
+            "--moe.capacity_factor F for Neuron's fixed-capacity exchange)"
+        )
+    else:
+        never = config.architecture.moe.num_experts / config.architecture.moe.num_experts_per_tok
+        factor = DEFAULT_CAPACITY_FACTOR if factor is None else factor
+        logger.info(
+            f"[moe] expert parallel {degree}: fixed-capacity token exchange, {factor:g}x a balanced load per "
+            f"expert (--moe.capacity_factor; {never:g} or more drops no token); dropped tokens are counted in "
+            "the step line"
+        )
     spec = dataclasses.replace(
-        config.model_spec, model=with_capacity_dispatch(config.model_spec.model, factor)
+        config.model_spec, model=with_token_dispatcher(config.model_spec.model, factor)
     )
     return dataclasses.replace(config, model_spec=spec)

@@ -156,6 +156,7 @@ def dry_run(plan: PlannedJob) -> int:
     from qwen3_titan_common.train.memory_check import (
         does_not_fit,
         estimate_rank0,
+        estimated_capacity_factor,
         fit_line,
         job_device_kind,
         rank_memory_of,
@@ -213,6 +214,9 @@ def dry_run(plan: PlannedJob) -> int:
             if estimate.tracked
             else "a rule of thumb: fake tensors cannot run this layout's data-dependent token routing"
         )
+        capacity = estimated_capacity_factor(config)
+        if capacity is not None and estimate.tracked:
+            how += f", the expert exchange at {capacity:g}x a balanced load per expert"
         print(
             f"[dry-run] memory per rank at the step's peak (batch {config.training.local_batch_size} x seq "
             f"{config.training.seq_len}, {compute} compute, {how}), GiB: {estimate.describe()}"

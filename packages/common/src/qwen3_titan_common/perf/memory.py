@@ -112,6 +112,12 @@ def process_baseline_bytes(device_kind: str) -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _has_expert_parallel_params(params) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ()) for p in params)
+
+
 def track_step(
     build: Callable[[], object],
     build_optimizer: Callable[[object], object],
@@ -143,6 +149,7 @@ def track_step(
     """
     import torch
     from torch.distributed.fsdp import FSDPModule
+    from torchtitan.distributed.utils import clip_grad_norm_
 
     from qwen3_titan_common.compat import (
         apply_lm_head_in_loss,
@@ -207,7 +214,8 @@ def track_step(
             del output
             loss.backward()
             forward_backward = grouped(tracker_peak_by_kind(tracker))
-            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            # As torchtitan's Trainer clips: expert-parallel experts sit on a mesh of their own.
+            clip_grad_norm_(params, 1.0, foreach=True, ep_enabled=_has_expert_parallel_params(params))
             optimizer.step()
             # Parameters, gradients and AdamW's moments (created by this first step, kept for the next).
             after_step = grouped(tracker_current_by_kind(tracker))

@@ -322,11 +322,41 @@ def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory
     baseline = process_baseline_bytes(device_kind) + weights_read_bytes(
         getattr(getattr(config, "hf", None), "model_dir", None), device_kind
     )
+    config = with_traceable_expert_exchange(config)
     spec = config.model_spec
     spec.model.update_from_config(config=config)
     job = JobModel(config, spec, fake_mesh(config, plan.world_size), device_kind)
     batch = config.training.local_batch_size
     return job, job.step_memory(batch=batch, ac_config=config.activation_checkpoint, baseline_bytes=baseline)
+
+
+def estimated_capacity_factor(config) -> float | None:
+    """The expert exchange's capacity the estimate lays out (:func:`with_traceable_expert_exchange`), in
+    multiples of a balanced load; None without expert parallelism."""
+    from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR
+
+    architecture = getattr(config, "architecture", None)
+    if config.parallelism.expert_parallel_degree <= 1 or not getattr(architecture, "is_moe", False):
+        return None
+    moe = getattr(config, "moe", None)
+    return getattr(moe, "capacity_factor", None) or DEFAULT_CAPACITY_FACTOR
+
+
+def with_traceable_expert_exchange(config):
+    """``config`` with an expert exchange torch's memory tracker can follow: the fixed-capacity one
+    (``models.ep_dispatch``), whose shapes do not depend on the routing, at the job's capacity. It is the
+    exchange a Neuron job runs; for an exchange of exactly the routed rows (CPU, CUDA) its default of 2x a
+    balanced load is the room an expert twice as busy as average needs, so the estimate has headroom for
+    uneven routing rather than none."""
+    from qwen3_titan_common.models.ep_dispatch import with_token_dispatcher
+
+    factor = estimated_capacity_factor(config)
+    if factor is None:
+        return config
+    spec = dataclasses.replace(
+        config.model_spec, model=with_token_dispatcher(config.model_spec.model, factor)
+    )
+    return dataclasses.replace(config, model_spec=spec)
 
 
 def fake_mesh(config, world_size: int):
