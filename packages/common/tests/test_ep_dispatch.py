@@ -112,7 +112,9 @@ def _rank(rank: int, store_path: str, capacity_factor: float | None, results):
         with torch.no_grad():
             layer(x_TD, scores_TK, w_eDD)
         not_trained = dispatcher.take_dropped()
-        recomputed_TD, _ = torch.utils.checkpoint.checkpoint(layer, x_TD, scores_TK, w_eDD, use_reentrant=False)
+        recomputed_TD, _ = torch.utils.checkpoint.checkpoint(
+            layer, x_TD, scores_TK, w_eDD, use_reentrant=False
+        )
         (recomputed_TD * weights).sum().backward()
         results[rank] = (out_TD.detach(), x_TD.grad / 2, scores_TK.grad / 2, w_eDD.grad / 2, *taken)
         results[rank, "counts"] = (not_trained, dispatcher.take_dropped(), taken)
