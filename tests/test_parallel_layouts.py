@@ -226,31 +226,32 @@ def test_expert_parallel_with_context_parallel_trains_what_one_rank_trains(tmp_p
 def test_expert_parallel_computes_and_exports_what_one_rank_does(tmp_path):
     # Learning rate 0: every step's loss is the same initial weights' on that step's rows (the forward of both
     # expert ranks and their exchange), and the export is those weights, drawn whole per
-    # tensor from the seed: every expert of both ranks must reach it in its place, bit for bit.
+    # tensor from the seed: every expert of both ranks must reach it in its place, bit for bit. Both exchanges:
+    # the default one of exactly the routed rows, and the fixed-capacity one (Neuron's) at a capacity that
+    # drops nothing.
     fixed = [*MOE, "--lr", "0", "--checkpoint.no-enable"]
     one = _train("nki-moe-backend", tmp_path / "one", 1, *fixed)
-    ep = [
-        "--batch-size",
-        "4",
-        "--parallelism.expert_parallel_degree",
-        "2",
-        "--moe.capacity_factor",
-        _no_drop_capacity(),
-    ]
-    two = _train("nki-moe-backend", tmp_path / "ep", 2, *fixed, *ep)
+    ep = ["--batch-size", "4", "--parallelism.expert_parallel_degree", "2"]
+    exact = _train("nki-moe-backend", tmp_path / "exact", 2, *fixed, *ep)
+    capacity = _train(
+        "nki-moe-backend", tmp_path / "capacity", 2, *fixed, *ep, "--moe.capacity_factor", _no_drop_capacity()
+    )
+    assert capacity["moe/dropped_share"] == [0.0] * STEPS
     bounds = ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}")
-    for step, (a, b) in enumerate(zip(one[LOSS], two[LOSS], strict=True), start=1):
-        # Unchanged weights: each step's loss is one forward pass apart, whatever the step.
-        assert abs(a - b) <= bounds.loss_atol(a, tokens=TOKENS, seq_len=SEQ_LEN, passes=1), (
-            step,
-            one[LOSS],
-            two[LOSS],
-        )
     exported_one = load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
-    exported_ep = load_file(next((tmp_path / "ep" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
-    assert exported_one.keys() == exported_ep.keys()
-    different = [name for name in exported_one if not exported_one[name].equal(exported_ep[name])]
-    assert not different, different
+    for name, two in (("exact", exact), ("capacity", capacity)):
+        for step, (a, b) in enumerate(zip(one[LOSS], two[LOSS], strict=True), start=1):
+            # Unchanged weights: each step's loss is one forward pass apart, whatever the step.
+            assert abs(a - b) <= bounds.loss_atol(a, tokens=TOKENS, seq_len=SEQ_LEN, passes=1), (
+                name,
+                step,
+                one[LOSS],
+                two[LOSS],
+            )
+        exported_ep = load_file(next((tmp_path / name / "hf" / f"step-{STEPS}").glob("*.safetensors")))
+        assert exported_one.keys() == exported_ep.keys()
+        different = [key for key in exported_one if not exported_one[key].equal(exported_ep[key])]
+        assert not different, (name, different)
 
 
 # -- the check users run before a long job ----------------------------------------------------------------

@@ -2,7 +2,7 @@
 causal attention (CPU), for both backends, and one attention layer alone.
 
     uv run python -m tools.bench_document_attention [--seq 2048 4096] [--steps 3] [--layers 8]
-        [--precision fp32 bf16] [--json out.json]
+        [--precision fp32 bf16] [--width real|debug] [--documents MIN-MAX] [--json out.json]
 
 Also run by ``tools/bench_packing.py`` (one run gives its table and this one). The rows are the packing
 benchmark's chats (400 synthetic chats with the real Qwen3 tokenizer and hybrid template, median ~300 tokens)
@@ -22,6 +22,13 @@ under causal SDPA, SDPA with the dense document mask, and the block-sparse atten
 it, attention's share of the causal step (layers x one causal layer / the causal step) and the step ratio
 that share allows were document attention free (1 - share): no attention kernel can take the step below it.
 Target: document step time / causal step time <= 0.8 at seq 2048 and 4096, both backends.
+
+``--width debug`` runs the embedded default model's width instead (hidden 256, 4 query and 2 kv heads of 64, MLP
+768, a 4,096-token vocabulary), where attention is most of a long row's step, on the embedded corpus packed by
+the same loader with the embedded tokenizer: the default debug run's rows. ``--documents MIN-MAX`` packs
+synthetic documents instead, each of a length drawn uniformly in [MIN, MAX] (seeded), random tokens, every
+label trained: long rows of documents of a few thousand tokens. Issue 54's targets, at the debug width: document
+/ causal <= 1.0 at seq 2048 (the embedded corpus), <= 0.5 at seq 16,384 with documents of 1,024-4,096 tokens.
 """
 
 from __future__ import annotations
@@ -42,6 +49,43 @@ REAL_WIDTH = {
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "model_type": "qwen3",
 }  # fmt: skip
 TARGET = 0.8
+
+
+def width_config(width: str) -> dict:
+    """The model's ``config.json`` fields at ``width``: ``real`` (Qwen3-0.6B's) or ``debug`` (the embedded model's)."""
+    if width == "real":
+        return dict(REAL_WIDTH)
+    from qwen3_titan_common.assets import default_model_dir
+
+    return json.loads((default_model_dir() / "config.json").read_text())
+
+
+def synthetic_rows(seq: int, rows: int, documents: str, vocab_size: int):
+    """``rows`` rows of ``seq`` tokens packed with documents of lengths uniform in ``documents`` ('MIN-MAX'), the
+    last cut at the row's end: (inputs, labels, positions), each (rows, seq); every label trained."""
+    import torch
+
+    low, high = (int(n) for n in documents.split("-"))
+    generator = torch.Generator().manual_seed(0)
+    positions = []
+    for _ in range(rows):
+        row: list[torch.Tensor] = []
+        filled = 0
+        while filled < seq:
+            length = min(int(torch.randint(low, high + 1, (1,), generator=generator)), seq - filled)
+            row.append(torch.arange(length))
+            filled += length
+        positions.append(torch.cat(row))
+    inputs = torch.randint(0, vocab_size, (rows, seq), generator=generator)
+    labels = torch.randint(0, vocab_size, (rows, seq), generator=generator)
+    return inputs, labels, torch.stack(positions)
+
+
+def bench_rows(data: str, tokenizer_dir: str, seq: int, rows: int, width: str, documents: str | None):
+    """The benchmark's rows: synthetic documents where asked, else the data packed by our loader."""
+    if documents:
+        return synthetic_rows(seq, rows, documents, width_config(width)["vocab_size"])
+    return packed_rows(Path(data), Path(tokenizer_dir), seq, rows)
 
 
 def packed_rows(data: Path, tokenizer_dir: Path, seq: int, rows: int):
@@ -70,10 +114,10 @@ def packed_rows(data: Path, tokenizer_dir: Path, seq: int, rows: int):
     return [torch.cat(parts) for parts in zip(*batches, strict=True)]
 
 
-def _model(backend: str, layers: int):
+def _model(backend: str, layers: int, width: str = "real"):
     import torch
 
-    config = dict(REAL_WIDTH, num_hidden_layers=layers)
+    config = dict(width_config(width), num_hidden_layers=layers)
     torch.manual_seed(0)
     if backend == "native":
         from qwen3_titan_common.arch.architecture import architecture_from_config
@@ -99,6 +143,8 @@ def step_worker(
     data: str,
     tokenizer_dir: str,
     precision: str = "fp32",
+    width: str = "real",
+    documents: str | None = None,
 ):
     """Prints the step times of ``steps`` training steps (one row each) as JSON."""
     import torch
@@ -108,8 +154,8 @@ def step_worker(
     from qwen3_titan_common.perf.precision import model_compute_dtype
     from torchtitan.components.loss import CrossEntropyLoss
 
-    inputs, labels, positions = packed_rows(Path(data), Path(tokenizer_dir), seq, steps)
-    model = _model(backend, layers)
+    inputs, labels, positions = bench_rows(data, tokenizer_dir, seq, steps, width, documents)
+    model = _model(backend, layers, width)
     model.train()
     loss_fn = TrainedTokenLoss.Config(loss_fn=CrossEntropyLoss.Config()).build()
     loss_fn.set_lm_head(model.lm_head)
@@ -131,19 +177,23 @@ def step_worker(
     print(json.dumps({"seconds": seconds, "loss": float(loss)}))
 
 
-def layer_worker(seq: int, data: str, tokenizer_dir: str, precision: str = "fp32") -> None:
+def layer_worker(
+    seq: int,
+    data: str,
+    tokenizer_dir: str,
+    precision: str = "fp32",
+    width: str = "real",
+    documents: str | None = None,
+) -> None:
     """One attention layer's forward and backward on the first packed row, three ways; prints seconds as JSON."""
     import torch
     import torch.nn.functional as F
     from qwen3_titan_common.models.attention import document_causal_mask
     from qwen3_titan_common.models.document_blocks import block_sparse_attention, document_blocks
 
-    _, _, positions = packed_rows(Path(data), Path(tokenizer_dir), seq, 1)
-    heads, kv_heads, dim = (
-        REAL_WIDTH["num_attention_heads"],
-        REAL_WIDTH["num_key_value_heads"],
-        REAL_WIDTH["head_dim"],
-    )
+    _, _, positions = bench_rows(data, tokenizer_dir, seq, 1, width, documents)
+    config = width_config(width)
+    heads, kv_heads, dim = (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"])
     g = torch.Generator().manual_seed(0)
     dtype = getattr(torch, DTYPES[precision])
     q = torch.randn(1, seq, heads, dim, generator=g).to(dtype).requires_grad_()
@@ -185,15 +235,19 @@ def measure(
     layers: int,
     backends=("native", "hf-v5"),
     precision: str = "fp32",
+    width: str = "real",
+    documents: str | None = None,
 ) -> dict:
     """Every (backend, seq, attention) step run and every layer run, each in a fresh process."""
     figures: dict = {
         "layers": layers, "steps": steps, "steps_timed": steps - 1, "precision": precision, "rows": {}, "layer": {},
+        "width": width, "documents": documents,
     }  # fmt: skip
+    shape = f"{precision!r}, {width!r}, {documents!r}"
     for seq in seqs:
         code = (
             "from tools import bench_document_attention as b; "
-            f"b.layer_worker({seq}, {str(data)!r}, {str(tokenizer_dir)!r}, {precision!r})"
+            f"b.layer_worker({seq}, {str(data)!r}, {str(tokenizer_dir)!r}, {shape})"
         )
         figures["layer"][seq] = _fresh(code)
         for backend in backends:
@@ -202,7 +256,7 @@ def measure(
                 code = (
                     "from tools import bench_document_attention as b; "
                     f"b.step_worker({backend!r}, {seq}, {attention!r}, {steps}, {layers}, {str(data)!r}, "
-                    f"{str(tokenizer_dir)!r}, {precision!r})"
+                    f"{str(tokenizer_dir)!r}, {shape})"
                 )
                 result = _fresh(code)
                 row[attention] = statistics.median(result["seconds"][1:])
@@ -217,8 +271,16 @@ def measure(
 
 
 def report(figures: dict) -> list[str]:
+    width = figures.get("width", "real")
+    config = width_config(width)
+    rows = (
+        f"synthetic documents of {figures['documents']} tokens"
+        if figures.get("documents")
+        else ("the embedded corpus" if width == "debug" else "packed chats")
+    )
+    shape = "Qwen3-0.6B shape" if width == "real" else "the embedded model's width"
     lines = [
-        f"Training step on packed chats, per-document block-sparse vs plain causal attention (Qwen3-0.6B shape, "
+        f"Training step on {rows}, per-document block-sparse vs plain causal attention ({shape}, "
         f"{figures['layers']} layers, {figures['precision']}, one row a step, median of {figures['steps_timed']} "
         "timed steps):",
         "| backend, seq | causal s/step | document s/step | document / causal | attention's share of the causal "
@@ -233,8 +295,8 @@ def report(figures: dict) -> list[str]:
             f"({1 - share:.2f}) | <= {TARGET}: {verdict} |"
         )
     lines.append(
-        f"One attention layer, forward + backward (16 heads x 128, 8 kv heads, {figures['precision']}), the first "
-        "packed row:"
+        f"One attention layer, forward + backward ({config['num_attention_heads']} heads x {config['head_dim']}, "
+        f"{config['num_key_value_heads']} kv heads, {figures['precision']}), the first packed row:"
     )
     for seq, layer in figures["layer"].items():
         parts = ", ".join(f"{k} {v:.2f} s" for k, v in layer["seconds"].items())
@@ -254,8 +316,17 @@ def main() -> int:
         "--precision", nargs="+", default=["fp32"], choices=list(DTYPES),
         help="fp32, and/or bf16 as a one-CPU-rank run computes on a CPU with bf16 GEMMs",
     )  # fmt: skip
+    parser.add_argument("--width", choices=["real", "debug"], default="real")
+    parser.add_argument(
+        "--documents", default=None, metavar="MIN-MAX",
+        help="synthetic documents of lengths uniform in MIN-MAX tokens instead of the chats (or the corpus)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    if args.documents is not None:
+        low, _, high = args.documents.partition("-")
+        if not (low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)):
+            parser.error(f"--documents {args.documents!r}: expected MIN-MAX, two positive token counts")
     from qwen3_titan_common.perf.precision import describe_cpu
     from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
 
@@ -263,13 +334,21 @@ def main() -> int:
 
     print(describe_cpu(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer_dir = qwen3_tokenizer_dir(Path(tmp) / "tokenizer")
-        data = Path(tmp) / "chats.jsonl"
-        make_chats(data, tokenizer_dir)
+        if args.width == "debug":
+            from qwen3_titan_common.assets import default_corpus_path, default_tokenizer_dir
+
+            tokenizer_dir, data = default_tokenizer_dir(), default_corpus_path()
+        else:
+            tokenizer_dir = qwen3_tokenizer_dir(Path(tmp) / "tokenizer")
+            data = Path(tmp) / "chats.jsonl"
+            make_chats(data, tokenizer_dir)
         runs = [
-            measure(data, tokenizer_dir, args.seq, args.steps, args.layers, args.backends, precision)
+            measure(
+                data, tokenizer_dir, args.seq, args.steps, args.layers, args.backends, precision, args.width,
+                args.documents,
+            )
             for precision in args.precision
-        ]
+        ]  # fmt: skip
     for figures in runs:
         print("\n".join(report(figures)))
     if args.json:

@@ -10,8 +10,9 @@ VOCAB, HIDDEN, BATCH, SEQ = 4096, 256, 4, 64
 
 
 def _model():
-    # Called under fake tensors: built without storage.
-    return torch.nn.Sequential(torch.nn.Embedding(VOCAB, HIDDEN), torch.nn.Linear(HIDDEN, VOCAB))
+    # On the meta device, as the dry run builds a job's model: no storage; the step makes its tensors fake.
+    with torch.device("meta"):
+        return torch.nn.Sequential(torch.nn.Embedding(VOCAB, HIDDEN), torch.nn.Linear(HIDDEN, VOCAB))
 
 
 def _step(batch: int) -> StepMemory:
@@ -56,12 +57,17 @@ class _LanguageModel(torch.nn.Module):
         return hidden if lm_head_applied_by_loss(self) else self.lm_head(hidden)
 
 
+def _meta_language_model():
+    with torch.device("meta"):
+        return _LanguageModel()
+
+
 def test_a_chunked_loss_holds_one_chunk_of_logits():
     # The CPU's loss projects a quarter of the tokens at a time: 64 rows' logits (64 MiB, the step's largest
     # tensor with their gradient) a quarter as large; the weights and moments unchanged.
     def step(loss_chunks):
         return track_step(
-            _LanguageModel, lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3), batch=64, seq_len=SEQ,
+            _meta_language_model, lambda model: torch.optim.AdamW(model.parameters(), lr=1e-3), batch=64, seq_len=SEQ,
             vocab_size=VOCAB, baseline_bytes=0, loss_chunks=loss_chunks,
         )  # fmt: skip
 

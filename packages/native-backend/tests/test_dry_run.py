@@ -252,3 +252,46 @@ def test_a_batch_that_fits_only_recomputed_gets_full_activation_checkpointing(tm
     assert re.search(r"--launcher.command '[^']*' activation-checkpoint:full\n", run.stderr), run.stderr[
         -3000:
     ]
+
+
+_DEEP = """
+import json, sys
+import qwen3_titan_common.train.memory_check as memory_check
+from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
+from qwen3_titan_common.launcher.plan import LaunchPlan
+from qwen3_titan_common.train.memory_check import estimate_rank0
+
+plan = LaunchPlan(
+    module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
+    rdzv_endpoint="localhost:0",
+    passthrough=["--dump_folder", sys.argv[1], "--hf.model_dir", sys.argv[2], "--training.local_batch_size", "2",
+                 "--training.seq_len", "256"],
+)
+with as_fake_rank(plan):
+    config, _ = checked_config(plan)
+    job, extrapolated = estimate_rank0(plan, config, "cpu")
+    memory_check.EXTRAPOLATED_ABOVE = 10**6
+    tracked = job.step_memory(batch=2, ac_config=config.activation_checkpoint, baseline_bytes=0)
+print(json.dumps([extrapolated.by_kind, extrapolated.extrapolated_from, tracked.by_kind]))
+"""
+
+
+def test_a_deep_models_step_is_its_first_layers_extrapolated_per_layer(tmp_path):
+    """A model deeper than 8 layers is tracked at its first 2 and 4 layers, and each kind extrapolated per layer
+    (the whole model's fake step costs minutes at 48 layers): the same bytes as tracking all 12 layers, FSDP over 2
+    ranks. Each layer adds the same tensors, so the only difference allowed is the integer division's, under a
+    byte per layer."""
+    from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+
+    model = make_tiny_checkpoint(tmp_path / "deep", config_changes={"num_hidden_layers": 12})
+    env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _DEEP, str(tmp_path / "out"), str(model)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    extrapolated, depths, tracked = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert depths == [[2, 4], 12]
+    assert tracked["activations"] > 0 and tracked["params"] > 0
+    for kind, nbytes in tracked.items():
+        assert abs(extrapolated[kind] - nbytes) <= 12, (kind, extrapolated, tracked)

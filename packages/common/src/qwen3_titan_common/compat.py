@@ -355,10 +355,11 @@ def hf_storage_reader_with_aliases(path: str, aliases: dict[str, str], note: str
 
 
 def fake_tensor_mode():
-    """torch's FakeTensorMode: tensors with shapes, dtypes and devices, and no storage."""
+    """torch's FakeTensorMode: tensors with shapes, dtypes and devices, and no storage. It takes tensors made
+    outside it (a model built on the meta device, then materialised inside) as fake ones."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    return FakeTensorMode()
+    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 def _per_parameter_meshes(model) -> bool:

@@ -214,6 +214,9 @@ def dry_run(plan: PlannedJob) -> int:
             if estimate.tracked
             else "a rule of thumb: fake tensors cannot run this layout's data-dependent token routing"
         )
+        if estimate.extrapolated_from is not None:
+            (low, high), layers = estimate.extrapolated_from
+            how += f"; its first {low} and {high} layers tracked, extrapolated per layer to its {layers}"
         capacity = estimated_capacity_factor(config)
         if capacity is not None and estimate.tracked:
             how += f", the expert exchange at {capacity:g}x a balanced load per expert"

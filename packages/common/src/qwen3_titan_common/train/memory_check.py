@@ -24,6 +24,11 @@ BATCH_FLAGS = ("--training.local_batch_size", "--training.global_batch_size")
 # A job whose weights, gradients and optimizer state do not fit its ranks is tried on its node count times these,
 # each node with the job's ranks (so a rank's memory stays what it is), FSDP sharding over them all.
 MORE_NODES = (2, 4, 8, 16, 32, 64)
+# A model deeper than this has its step tracked at two depths of its first layers and extrapolated per layer: the
+# tracker's cost grows with the square of the step's operations (the 48-layer Qwen3-30B-A3B recipe: about 2.5
+# minutes a step on the development machine, 8 s at 2 layers), and a dry run that does not fit tracks several.
+EXTRAPOLATED_ABOVE = 8
+TRACKED_DEPTHS = (2, 4)
 
 
 @dataclass
@@ -67,6 +72,27 @@ class JobModel:
         return dataclasses.replace(self, parallel_dims=fake_mesh(self.config, world_size))
 
     def step_memory(self, *, batch: int, ac_config, baseline_bytes: int) -> StepMemory:
+        from qwen3_titan_common.perf.memory import extrapolated
+
+        layers = getattr(self.spec.model, "layers", None)
+        if not isinstance(layers, list) or len(layers) <= EXTRAPOLATED_ABOVE:
+            return self._tracked_step(batch=batch, ac_config=ac_config, baseline_bytes=baseline_bytes)
+        steps = [
+            self.first_layers(depth)._tracked_step(
+                batch=batch, ac_config=ac_config, baseline_bytes=baseline_bytes
+            )
+            for depth in TRACKED_DEPTHS
+        ]
+        if not all(step.tracked and step.candidates and step.after_forward for step in steps):
+            return self._tracked_step(batch=batch, ac_config=ac_config, baseline_bytes=baseline_bytes)
+        return extrapolated(*steps, TRACKED_DEPTHS, len(layers))
+
+    def first_layers(self, depth: int) -> JobModel:
+        """The same job with its model cut to its first ``depth`` decoder layers."""
+        model = dataclasses.replace(self.spec.model, layers=self.spec.model.layers[:depth])
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, model=model))
+
+    def _tracked_step(self, *, batch: int, ac_config, baseline_bytes: int) -> StepMemory:
         from qwen3_titan_common.compat import fake_tensor_data_dependent_errors
         from qwen3_titan_common.perf.memory import rule_of_thumb, track_step
 
@@ -122,8 +148,12 @@ class JobModel:
         kv_heads = max(1, arch.num_key_value_heads // self.parallel_dims.tp)
         per_layer = 2 * batch * (seq_len - seq_len // cp) * kv_heads * arch.head_dim * dtype_bytes
         layers = 1 if isinstance(ac_config, FullAC.Config) else arch.num_hidden_layers
-        by_kind = {**memory.by_kind, "activations": memory.by_kind["activations"] + per_layer * layers}
-        return dataclasses.replace(memory, by_kind=by_kind)
+
+        def added(kinds: dict[str, int]) -> dict[str, int]:
+            return {**kinds, "activations": kinds["activations"] + per_layer * layers}
+
+        candidates = tuple(added(kinds) for kinds in memory.candidates) if memory.candidates else None
+        return dataclasses.replace(memory, by_kind=added(memory.by_kind), candidates=candidates)
 
 
 def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
