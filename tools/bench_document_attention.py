@@ -114,10 +114,12 @@ def packed_rows(data: Path, tokenizer_dir: Path, seq: int, rows: int):
     return [torch.cat(parts) for parts in zip(*batches, strict=True)]
 
 
-def _model(backend: str, layers: int, width: str = "real"):
+def _model(backend: str, layers: int, width: str = "real", seq: int = 0):
     import torch
 
     config = dict(width_config(width), num_hidden_layers=layers)
+    # Positions for the row (the embedded model has 2,048), as bench_memory's long rows raise them.
+    config["max_position_embeddings"] = max(config["max_position_embeddings"], seq)
     torch.manual_seed(0)
     if backend == "native":
         from qwen3_titan_common.arch.architecture import architecture_from_config
@@ -155,7 +157,7 @@ def step_worker(
     from torchtitan.components.loss import CrossEntropyLoss
 
     inputs, labels, positions = bench_rows(data, tokenizer_dir, seq, steps, width, documents)
-    model = _model(backend, layers, width)
+    model = _model(backend, layers, width, seq)
     model.train()
     loss_fn = TrainedTokenLoss.Config(loss_fn=CrossEntropyLoss.Config()).build()
     loss_fn.set_lm_head(model.lm_head)

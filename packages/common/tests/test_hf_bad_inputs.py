@@ -164,6 +164,12 @@ def test_index_without_a_weight_map_object(sharded):
     _fails(sharded, CheckpointError, "model.safetensors.index.json: not a safetensors index")
 
 
+def test_index_with_an_empty_weight_map(sharded):
+    # Was an internal error: an empty map read as "no index", then the single file it does not have.
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    _fails(sharded, CheckpointError, "model.safetensors.index.json: its 'weight_map' is empty")
+
+
 def test_corrupt_shard_named_by_an_index(sharded):
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     second = sharded / sorted(set(index["weight_map"].values()))[1]
