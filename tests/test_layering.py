@@ -1,7 +1,7 @@
 """The shape of the code: no import cycles, common's layers import only downwards, and private names of
 torchtitan and torch are used in one version-checked place (``qwen3_titan_common/compat.py``).
 
-Read from the source with ``ast``, over every package's ``src/`` and ``examples/``; the only modules
+Read from the source with ``ast``, over every package's ``src/``, ``examples/`` and ``tools/``; the only modules
 imported are those of the base classes of a class with private methods, whose upstream ancestors say
 which of those methods override torch's or torchtitan's. Imports inside functions count too: a lazy
 import still ties the two modules together.
@@ -31,7 +31,7 @@ LAYERS = [
     {"hf", "data"},
     {"components"},
     # What crosses the launcher/rank line: the ranks write it, the launcher reads it, so it sits below train.
-    {"launcher.rank_errors", "launcher.summary", "launcher.short_flags"},
+    {"protocols"},
     {"train"},
     {"launcher", "scripts"},
 ]
@@ -48,6 +48,10 @@ def _modules() -> dict[str, Path]:
                 parts = parts[:-1]
             if parts:
                 found[".".join(parts)] = path
+    # The benchmarks and CI tools, imported as ``tools.*`` from the repository root: no cycles there either.
+    for path in (ROOT / "tools").rglob("*.py"):
+        parts = ["tools", *path.relative_to(ROOT / "tools").with_suffix("").parts]
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 
@@ -109,7 +113,7 @@ def _layer(module: str) -> int | None:
     parts = module.split(".")
     if parts[0] != "qwen3_titan_common" or len(parts) < 2:
         return None
-    # The longest dotted name listed wins: ``launcher.summary`` before ``launcher``.
+    # The longest dotted name listed wins (a layer may name one module of a folder).
     for length in range(len(parts) - 1, 0, -1):
         name = ".".join(parts[1 : 1 + length])
         for rank, names in enumerate(LAYERS):

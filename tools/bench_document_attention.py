@@ -51,6 +51,14 @@ REAL_WIDTH = {
 TARGET = 0.8
 
 
+def target_for(width: str, documents: str | None) -> float:
+    """The step-time ratio a workload is held to: issue 42's 0.8 at the real width on chats; issue 54's at the
+    debug width, 1.0 on the embedded corpus (the default run's rows), 0.5 on long rows of documents."""
+    if width == "real":
+        return TARGET
+    return 1.0 if documents is None else 0.5
+
+
 def width_config(width: str) -> dict:
     """The model's ``config.json`` fields at ``width``: ``real`` (Qwen3-0.6B's) or ``debug`` (the embedded model's)."""
     if width == "real":
@@ -209,7 +217,7 @@ def layer_worker(
     ways = {
         "causal SDPA": lambda: sdpa(is_causal=True),
         "SDPA, dense document mask": lambda: sdpa(attn_mask=mask),
-        "block-sparse (ours)": lambda: block_sparse_attention(q, k, v, blocks),
+        "ours (block-sparse, or per document)": lambda: block_sparse_attention(q, k, v, blocks),
     }
     best = {}
     for name, run in ways.items():
@@ -219,7 +227,17 @@ def layer_worker(
             run().sum().backward()
             times.append(time.perf_counter() - start)
         best[name] = min(times)
-    print(json.dumps({"seconds": best, "pairs": blocks.num_pairs, "causal_pairs": blocks.causal_pairs}))
+    pairs = document_blocks(positions, per_document=False)  # what the block pairs would compute
+    print(
+        json.dumps(
+            {
+                "seconds": best,
+                "pairs": pairs.num_pairs,
+                "causal_pairs": pairs.causal_pairs,
+                "per_document": blocks.documents is not None,
+            }
+        )
+    )
 
 
 def _fresh(code: str) -> dict:
@@ -289,12 +307,13 @@ def report(figures: dict) -> list[str]:
         "step (the lowest ratio it allows) | target |",
         "|---|---|---|---|---|---|",
     ]
+    target = target_for(width, figures.get("documents"))
     for name, row in figures["rows"].items():
-        verdict = "met" if row["ratio"] <= TARGET else "MISSED"
+        verdict = "met" if row["ratio"] <= target else "MISSED"
         share = row["attention_share"]
         lines.append(
             f"| {name} | {row['causal']:.2f} | {row['document']:.2f} | {row['ratio']:.2f} | {share:.0%} "
-            f"({1 - share:.2f}) | <= {TARGET}: {verdict} |"
+            f"({1 - share:.2f}) | <= {target}: {verdict} |"
         )
     lines.append(
         f"One attention layer, forward + backward ({config['num_attention_heads']} heads x {config['head_dim']}, "
@@ -304,6 +323,11 @@ def report(figures: dict) -> list[str]:
         parts = ", ".join(f"{k} {v:.2f} s" for k, v in layer["seconds"].items())
         lines.append(
             f"  seq {seq}: {parts}; block pairs {layer['pairs']} of causal's {layer['causal_pairs']}"
+            + (
+                "; ours ran one causal SDPA call per document (long documents)"
+                if layer.get("per_document")
+                else ""
+            )
         )
     return lines
 
@@ -332,7 +356,7 @@ def main() -> int:
     from qwen3_titan_common.perf.precision import describe_cpu
     from qwen3_titan_testing.qwen3_tokenizer import qwen3_tokenizer_dir
 
-    from tools.bench_packing import make_chats
+    from tools.bench_chats import make_chats
 
     print(describe_cpu(), flush=True)
     with tempfile.TemporaryDirectory() as tmp:

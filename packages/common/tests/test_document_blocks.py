@@ -10,21 +10,35 @@ import math
 import pytest
 import torch
 from qwen3_titan_common.models.attention import document_causal_mask
-from qwen3_titan_common.models.document_blocks import block_sparse_attention, document_blocks
+from qwen3_titan_common.models.document_blocks import (
+    DocumentBlocks,
+    block_sparse_attention,
+    document_blocks,
+    document_ranges,
+)
 from qwen3_titan_testing.attention_cases import assert_close, attention_bounds, dense_attention, inputs, rows
 
 BLOCK = 16
+PATHS = ["CPU fused kernel", "plain ops", "per-document calls"]
+
+
+def _on_path(blocks: DocumentBlocks, positions: torch.Tensor, path: str) -> DocumentBlocks:
+    """``blocks`` computed the way ``path`` names, whatever the documents' lengths would choose."""
+    if path == "plain ops":  # what a device without the CPU's fused kernel runs (Neuron)
+        return dataclasses.replace(blocks, spans=())
+    if path == "per-document calls":  # the CPU's path for long documents
+        return dataclasses.replace(blocks, documents=document_ranges(positions))
+    return blocks
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("seq_len", [96, 101])
-@pytest.mark.parametrize("path", ["CPU fused kernel", "plain ops"])
+@pytest.mark.parametrize("path", PATHS)
 def test_values_and_gradients_equal_the_dense_document_mask(seed, seq_len, path):
     positions = rows(seed, batch=3, seq_len=seq_len)
-    blocks = document_blocks(positions, block_size=BLOCK, pairs_per_chunk=7)
+    blocks = document_blocks(positions, block_size=BLOCK, pairs_per_chunk=7, per_document=False)
     assert len(blocks.chunks) > 1 and len(blocks.spans) > 1  # query blocks split across chunks and groups
-    if path == "plain ops":  # what a device without the CPU's fused kernel runs (Neuron)
-        blocks = dataclasses.replace(blocks, spans=())
+    blocks = _on_path(blocks, positions, path)
     q, k, v = inputs(seed, positions, torch.float64)
     ours = block_sparse_attention(q, k, v, blocks)
     dense = dense_attention(q, k, v, positions)
@@ -101,6 +115,20 @@ def test_fixed_shapes_pad_to_one_chunk_shape_and_a_power_of_two_chunks_with_the_
     assert shapes == {(12, BLOCK, BLOCK)}
 
 
+def test_long_documents_take_one_call_each_and_short_ones_the_block_pairs():
+    # Documents of 64 blocks and more in a row: one causal SDPA call each, ranges in the row's token order, the
+    # leading tail of a document that began in an earlier row its own range.
+    tail_then_two = torch.tensor([list(range(100, 1124)) + list(range(2048)) + list(range(1024))])
+    long = document_blocks(tail_then_two, block_size=BLOCK)
+    assert long.documents == (((0, 1024), (1024, 3072), (3072, 4096)),) and not long.chunks
+    # Documents of 2 blocks: the block pairs.
+    short = torch.arange(2 * BLOCK).repeat(1, 8)
+    assert document_blocks(short, block_size=BLOCK).documents is None
+    assert document_ranges(short) == (
+        tuple((start, start + 2 * BLOCK) for start in range(0, 16 * BLOCK, 2 * BLOCK)),
+    )
+
+
 def test_a_row_that_begins_inside_a_document_and_bad_shapes():
     # No position 0 first: the row's leading tokens are one document (a text stream's continuation).
     positions = torch.tensor([list(range(40, 80)) + list(range(24))])
@@ -124,17 +152,15 @@ def test_a_row_that_begins_inside_a_document_and_bad_shapes():
         document_blocks(positions[0])
 
 
-@pytest.mark.parametrize("path", ["CPU fused kernel", "plain ops"])
+@pytest.mark.parametrize("path", PATHS)
 def test_under_a_whole_model_ranks_bf16_autocast_the_attention_computes_as_on_bf16inputs(path):
     # A one-CPU-rank job autocasts its forward to bf16 (models.fsdp_comms). The fused kernel then computes in
     # bf16, as causal SDPA does under autocast (fp32 inputs are cast); the plain-op path keeps its own
     # precision (fp32 accumulation) whatever autocast says.
     positions = rows(3, batch=2, seq_len=128)
-    blocks = document_blocks(positions, block_size=BLOCK)
-    if path == "plain ops":
-        blocks = dataclasses.replace(blocks, spans=())
+    blocks = _on_path(document_blocks(positions, block_size=BLOCK, per_document=False), positions, path)
     plain = [t.detach().bfloat16().requires_grad_() for t in inputs(3, positions, torch.float32)]
-    cast = inputs(3, positions, torch.float32 if path == "CPU fused kernel" else torch.bfloat16)
+    cast = inputs(3, positions, torch.bfloat16 if path == "plain ops" else torch.float32)
     expected = block_sparse_attention(*plain, blocks)
     expected.sum().backward()
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -190,7 +190,7 @@ def test_config_functions_made_by_a_factory_are_listed_with_their_doc(tmp_path, 
 FAILING_RANK = """
 import sys
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.launcher.rank_errors import record_uncaught_errors
+from qwen3_titan_common.protocols.rank_errors import record_uncaught_errors
 
 record_uncaught_errors()  # as every config function does
 for step in (1, 2):

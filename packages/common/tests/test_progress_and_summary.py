@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from qwen3_titan_common.launcher.summary import RunSummary, report, summary_lines, with_steps
+from qwen3_titan_common.protocols.summary import RunSummary, report, summary_lines, with_steps
 from qwen3_titan_common.perf.progress import Phase, format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
 from qwen3_titan_common.perf.train_log import parse_step_lines
@@ -151,7 +151,7 @@ def test_a_run_from_another_model_dir_gets_its_own_default_folder(tmp_path):
 def test_the_run_record_is_what_the_launcher_reads_after_torchrun(tmp_path, monkeypatch):
     """A node's first local rank rewrites one file as the run goes (folders, the last step, the summary);
     its other ranks, and a rank the launcher did not start (its config names no launcher command), write none."""
-    from qwen3_titan_common.launcher.summary import RUN_FILE, LauncherOptions, RunRecord, RunSummary
+    from qwen3_titan_common.protocols.summary import RUN_FILE, LauncherOptions, RunRecord, RunSummary
 
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
     monkeypatch.setenv("LOCAL_RANK", "0")

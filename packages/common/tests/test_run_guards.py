@@ -96,7 +96,7 @@ def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_trace
     rank_dir.mkdir(parents=True)
     code = (
         "from qwen3_titan_common.errors import UserInputError\n"
-        "from qwen3_titan_common.launcher.rank_errors import rank_errors\n"
+        "from qwen3_titan_common.protocols.rank_errors import rank_errors\n"
         "from types import SimpleNamespace\n"
         "with rank_errors(lambda: SimpleNamespace(dump_folder='.', hf=None)):\n"
         "    raise UserInputError('d.jsonl:9: bad')\n"
@@ -123,7 +123,7 @@ def test_a_rank_that_stops_records_one_line_for_the_launcher_and_prints_no_trace
 
 def test_out_of_memory_names_the_flags_that_shrink_a_rank(tmp_path, monkeypatch):
     import torch
-    from qwen3_titan_common.launcher.rank_errors import translate
+    from qwen3_titan_common.protocols.rank_errors import translate
 
     monkeypatch.setenv("RANK", "3")
     cpu = RuntimeError(

@@ -41,7 +41,7 @@ def test_console_script_stops_a_bad_flag_before_anything_is_written(tmp_path):
 def test_the_traceback_switch_means_what_it_says(tmp_path, monkeypatch):
     """QWEN3_TITAN_SHOW_TRACEBACK is a switch like any: off for 0, false, no, off and empty, on for 1, true, yes
     and on, whatever the case; any other value is refused in one line before anything runs."""
-    from qwen3_titan_common.launcher.rank_errors import show_tracebacks_asked
+    from qwen3_titan_common.protocols.rank_errors import show_tracebacks_asked
 
     for value, on in (("1", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False),
                       ("NO", False), ("off", False), ("", False)):  # fmt: skip

@@ -335,7 +335,7 @@ def test_checkpoint_onto_a_full_disk_is_named(tmp_path):
     under it reports ENOSPC as `RuntimeError: ... unexpected pos`: the full disk is still named."""
     script = (
         "import torch, torch.distributed.checkpoint as dcp\n"
-        "from qwen3_titan_common.launcher.rank_errors import translate\n"
+        "from qwen3_titan_common.protocols.rank_errors import translate\n"
         "try:\n"
         f"    dcp.save({{'w': torch.ones(4 * 1024 * 1024)}}, checkpoint_id={str(tmp_path / 'disk' / 'step-1')!r})\n"
         "except BaseException as err:  # CheckpointException is not an Exception\n"

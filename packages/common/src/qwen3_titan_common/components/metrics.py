@@ -88,7 +88,7 @@ class Qwen3Metrics(MetricsProcessor):
         self.trained_tokens_since_last_log = 0
         # Set by the trainer when the run has the router balance loss (components.router_balance).
         self.router_balance = None
-        # Set by the trainer: the file its launcher reads after the run (launcher.summary.RunRecord), which
+        # Set by the trainer: the file its launcher reads after the run (protocols.summary.RunRecord), which
         # keeps the last step logged, for the line of an interrupted run.
         self.run_record = None
         self._collapsed_layers: set[str] = set()

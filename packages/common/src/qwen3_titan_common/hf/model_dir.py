@@ -102,7 +102,9 @@ def _weight_map(path: Path) -> dict[str, Path]:
                 f"{index_path}: not a safetensors index ({err!r}; expected a 'weight_map')"
             ) from None
         if isinstance(weight_map, dict) and not weight_map:
-            raise CheckpointError(f"{index_path}: its 'weight_map' is empty (it names no tensor and no shard)")
+            raise CheckpointError(
+                f"{index_path}: its 'weight_map' is empty (it names no tensor and no shard)"
+            )
         if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
             raise CheckpointError(
                 f"{index_path}: not a safetensors index (expected 'weight_map' to map tensor names to file names)"

@@ -3,7 +3,7 @@
 ``train --lr 1e-4 --steps 200`` is ``train --optimizer.param_groups.0.optimizer_kwargs.lr 1e-4
 --training.steps 200``: the launcher rewrites the short form into the torchtitan flag before anything runs,
 so the ranks, ``--print-cmd`` and the upstream ``torchrun ... -m torchtitan.train`` form see only torchtitan's
-own flags. One table, ``launcher.short_flags.KNOBS``; ``--print-cmd`` prints the rewriting it did.
+own flags. One table, ``protocols.short_flags.KNOBS``; ``--print-cmd`` prints the rewriting it did.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.launcher.short_flags import KNOBS, Knob, flag_spelling
+from qwen3_titan_common.protocols.short_flags import KNOBS, Knob, flag_spelling
 
 
 def _as_typed(kind: Callable[[str], object]) -> Callable[[str], str]:

@@ -28,8 +28,8 @@ from qwen3_titan_common.launcher.plan import (
     plan_launch,
     read_command_line,
 )
-from qwen3_titan_common.launcher.rank_errors import SHOW_TRACEBACK_ENV, check_switches, show_tracebacks_asked
-from qwen3_titan_common.launcher.summary import summary_lines
+from qwen3_titan_common.protocols.rank_errors import SHOW_TRACEBACK_ENV, check_switches, show_tracebacks_asked
+from qwen3_titan_common.protocols.summary import summary_lines
 from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 
 
@@ -126,7 +126,7 @@ def _train(plan: LaunchPlan, argv: list[str], *, show_traceback: bool) -> int:
 
 def _run(plan: LaunchPlan, command: list[str], show_traceback: bool):
     """torchrun for ``plan``: its exit code and the summary rank 0 left. ``command``: as the user typed it, which
-    the ranks' config takes as ``--launcher.command`` (launcher.summary.LauncherOptions)."""
+    the ranks' config takes as ``--launcher.command`` (protocols.summary.LauncherOptions)."""
     raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
     from qwen3_titan_common.launcher.dry_run import before_subcommands
 

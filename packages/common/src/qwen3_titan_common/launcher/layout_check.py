@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qwen3_titan_common.launcher.dry_run import PlannedJob, checked_config, fake_rank_env
-from qwen3_titan_common.launcher.summary import RunSummary
+from qwen3_titan_common.protocols.summary import RunSummary
 from qwen3_titan_common.models.layout import Layout, resolve_layout
 
 CHECK_LAYERS = 2

@@ -1,8 +1,8 @@
 """What torchrun and its ranks leave in torchrun's ``--log-dir``, read by the launcher once torchrun returned.
 
 Per rank, ``<run id>/attempt_<n>/<local rank>/``: its output (``stdout.log``, ``stderr.log``), torchelastic's
-``error.json`` (a stopping rank's record, ``launcher.rank_errors``) and, from a node's first local rank, the
-run record (``launcher.summary.RunRecord``: the run's folders, the last step logged, the summary); beside them
+``error.json`` (a stopping rank's record, ``protocols.rank_errors``) and, from a node's first local rank, the
+run record (``protocols.summary.RunRecord``: the run's folders, the last step logged, the summary); beside them
 torchrun's own error file, a copy of the first failure's.
 
 One failure records nothing, and is read from what printed it: a rank killed by a signal (torchrun's report on
@@ -16,8 +16,8 @@ import re
 import shutil
 from pathlib import Path
 
-from qwen3_titan_common.launcher.rank_errors import USER_ERROR
-from qwen3_titan_common.launcher.summary import RUN_FILE, RunRecord
+from qwen3_titan_common.protocols.rank_errors import USER_ERROR
+from qwen3_titan_common.protocols.summary import RUN_FILE, RunRecord
 
 ROOT_CAUSE_FILE = "root_cause.json"  # torchrun's own TORCHELASTIC_ERROR_FILE: the first failure's
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.arch.published import PUBLISHED_CONFIG_FUNCTIONS, published_architecture
 from qwen3_titan_common.assets import default_tokenizer_dir
-from qwen3_titan_common.launcher.rank_errors import record_refused_flags, record_uncaught_errors
+from qwen3_titan_common.protocols.rank_errors import record_refused_flags, record_uncaught_errors
 from qwen3_titan_common.train.config import (
     RunShape,
     build_trainer_config,

@@ -64,8 +64,8 @@ from qwen3_titan_common.errors import CheckpointError, UserInputError, first_lin
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
-from qwen3_titan_common.launcher.rank_errors import rank_errors
-from qwen3_titan_common.launcher.summary import (
+from qwen3_titan_common.protocols.rank_errors import rank_errors
+from qwen3_titan_common.protocols.summary import (
     LauncherOptions,
     RunRecord,
     converted_summary,

@@ -12,7 +12,7 @@ file is the one channel of errors to the ``train`` launcher, which reads it afte
 stderr, which the launcher keeps in the run's log and which a bare ``torchrun`` shows, the rank says in one
 line that it stops; a user error prints no traceback (it stays in the error file;
 ``QWEN3_TITAN_SHOW_TRACEBACK=1`` prints it). What else a rank leaves for the launcher is one file beside
-the error file (``launcher.summary.RunRecord``).
+the error file (``protocols.summary.RunRecord``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.launcher.short_flags import KNOBS, flag_spelling
+from qwen3_titan_common.protocols.short_flags import KNOBS, flag_spelling
 from qwen3_titan_common.runtime.disk import disk_full_in, looks_full
 
 STOPPED = "[stopped] "
