@@ -4,8 +4,8 @@
 """
 
 from qwen3_titan_common.launcher.layout_check import CHECK_STEPS, LayoutCheck
-from qwen3_titan_common.protocols.summary import RunSummary
 from qwen3_titan_common.models.layout import Layout
+from qwen3_titan_common.protocols.summary import RunSummary
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 

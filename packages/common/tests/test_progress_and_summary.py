@@ -6,10 +6,10 @@ import json
 import time
 from pathlib import Path
 
-from qwen3_titan_common.protocols.summary import RunSummary, report, summary_lines, with_steps
 from qwen3_titan_common.perf.progress import Phase, format_duration
 from qwen3_titan_common.perf.run_progress import RunProgress
 from qwen3_titan_common.perf.train_log import parse_step_lines
+from qwen3_titan_common.protocols.summary import RunSummary, report, summary_lines, with_steps
 from qwen3_titan_common.train.outputs import OutputDefaults, model_dir_tag, run_dump_folder
 
 

@@ -28,9 +28,9 @@ from qwen3_titan_common.launcher.plan import (
     plan_launch,
     read_command_line,
 )
+from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 from qwen3_titan_common.protocols.rank_errors import SHOW_TRACEBACK_ENV, check_switches, show_tracebacks_asked
 from qwen3_titan_common.protocols.summary import summary_lines
-from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 
 
 def _list_configs(module: str) -> int:

@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qwen3_titan_common.launcher.dry_run import PlannedJob, checked_config, fake_rank_env
-from qwen3_titan_common.protocols.summary import RunSummary
 from qwen3_titan_common.models.layout import Layout, resolve_layout
+from qwen3_titan_common.protocols.summary import RunSummary
 
 CHECK_LAYERS = 2
 CHECK_STEPS = 3

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from qwen3_titan_common.launcher.interrupts import ForwardedInterruption, kill_all
-from qwen3_titan_common.protocols.rank_errors import SHOW_TRACEBACK_ENV, USER_ERROR, show_tracebacks_asked
 from qwen3_titan_common.launcher.rank_files import ROOT_CAUSE_FILE, RankFiles, TorchrunReport
+from qwen3_titan_common.protocols.rank_errors import SHOW_TRACEBACK_ENV, USER_ERROR, show_tracebacks_asked
 from qwen3_titan_common.protocols.summary import RunRecord, RunSummary
 
 EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED = 2, 1, 130

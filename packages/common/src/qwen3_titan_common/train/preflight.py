@@ -19,9 +19,9 @@ import torch
 from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
-from qwen3_titan_common.protocols.short_flags import short_flag_of
 from qwen3_titan_common.models.attention import uses_document_blocks
 from qwen3_titan_common.models.layout import Layout, resolve_layout
+from qwen3_titan_common.protocols.short_flags import short_flag_of
 from qwen3_titan_common.runtime.disk import (
     DiskSpaceError,
     NotWritableError,

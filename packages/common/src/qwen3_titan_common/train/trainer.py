@@ -64,14 +64,6 @@ from qwen3_titan_common.errors import CheckpointError, UserInputError, first_lin
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
 from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
-from qwen3_titan_common.protocols.rank_errors import rank_errors
-from qwen3_titan_common.protocols.summary import (
-    LauncherOptions,
-    RunRecord,
-    converted_summary,
-    report,
-    summary_of,
-)
 from qwen3_titan_common.models.attention import (
     document_attention_of,
     uses_document_blocks,
@@ -82,6 +74,14 @@ from qwen3_titan_common.perf.optimizer_state import describe_trainable
 from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
+from qwen3_titan_common.protocols.rank_errors import rank_errors
+from qwen3_titan_common.protocols.summary import (
+    LauncherOptions,
+    RunRecord,
+    converted_summary,
+    report,
+    summary_of,
+)
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
 from qwen3_titan_common.train.run_card import run_card
