@@ -155,6 +155,16 @@ def process_baseline_bytes(device_kind: str) -> int:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
+def _shared_buffers(model) -> list[list[tuple[object, str]]]:
+    """The (module, name) of each buffer that several modules hold (one RoPE cache for every layer,
+    ``models.qwen3.SharedCosSinRoPE``), grouped by buffer."""
+    owners: dict[int, list[tuple[object, str]]] = {}
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            owners.setdefault(id(buffer), []).append((module, name))
+    return [group for group in owners.values() if len(group) > 1]
+
+
 def _has_expert_parallel_params(params) -> bool:
     from torch.distributed.tensor import DTensor
 
@@ -212,7 +222,12 @@ def track_step(
     model = build()
     with fake_tensor_mode():
         if isinstance(model, FSDPModule):
+            shared = _shared_buffers(model)
             model.to_empty(device=device)  # FSDP's sharded parameters, each registered once
+            for owners in shared:  # to_empty gives each module its own; the run's modules share them again
+                first, name = owners[0]
+                for module, other in owners[1:]:
+                    setattr(module, other, getattr(first, name))
         elif any(param.is_meta for param in model.parameters()):
             materialise_meta_tensors(model, device)
         if getattr(model, "enable_weight_tying", False):
