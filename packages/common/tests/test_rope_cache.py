@@ -30,7 +30,9 @@ def test_every_layer_holds_one_cache_with_torchtitans_values():
     assert len({cache.data_ptr() for cache in caches}) == 1
     # One per model: torchtitan annotates each model's buffers with that model's device mesh.
     assert _caches(_initialised(arch))[0].data_ptr() != caches[0].data_ptr()
-    config = CosSinRoPE.Config(dim=arch.head_dim, max_seq_len=arch.max_position_embeddings, theta=arch.rope_theta)
+    config = CosSinRoPE.Config(
+        dim=arch.head_dim, max_seq_len=arch.max_position_embeddings, theta=arch.rope_theta
+    )
     assert torch.equal(caches[0], CosSinRoPE(config).cache)
 
 
