@@ -1,4 +1,4 @@
-"""One RoPE cache for all of a model's layers (``models.qwen3.SharedCosSinRoPE``): torchtitan gives each layer a
+"""One RoPE cache for all of a model's layers (``models.qwen3.share_rope_caches``): torchtitan gives each layer a
 cache of its own, identical copies that cost a long row's job gigabytes a rank."""
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def test_every_layer_holds_one_cache_with_torchtitans_values():
     caches = _caches(_initialised(arch))
     assert len(caches) == arch.num_hidden_layers > 1
     assert len({cache.data_ptr() for cache in caches}) == 1
+    # Still torchtitan's own RoPE config, which --override.imports factories target exactly.
+    assert type(titan_qwen3_model_config(arch).first_attention.rope) is CosSinRoPE.Config
     # One per model: torchtitan annotates each model's buffers with that model's device mesh.
     assert _caches(_initialised(arch))[0].data_ptr() != caches[0].data_ptr()
     config = CosSinRoPE.Config(

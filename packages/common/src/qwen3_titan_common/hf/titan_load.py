@@ -20,6 +20,7 @@ from safetensors import safe_open
 from qwen3_titan_common.compat import init_computed_buffers
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.model_dir import HFModelDir
+from qwen3_titan_common.models.qwen3 import share_rope_caches
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 # Model state that is computed, not stored in HF checkpoints.
@@ -157,6 +158,7 @@ def load_titan_model(model_config, adapter_cls, model_dir: HFModelDir, dtype: to
     # initialised here, which skips a random init of the whole model.
     model.to_empty(device="cpu")
     init_computed_buffers(model)
+    share_rope_caches(model)
     load_hf_into_titan(model, model_config, adapter_cls, model_dir, dtype, expected_keys)
     return model.eval()
 

@@ -144,6 +144,20 @@ class CapacityTokenDispatcher(BaseEPTokenDispatcher):
         return deterministic_scatter_add(out_TD, metadata.token_N.reshape(-1, 1).expand(-1, D), rows_ND)
 
 
+def _all_to_all(
+    rows_XD: torch.Tensor, output_splits: list[int], input_splits: list[int], group
+) -> torch.Tensor:
+    received_YD = rows_XD.new_empty(sum(output_splits), *rows_XD.shape[1:])
+    dist.all_to_all_single(
+        received_YD,
+        rows_XD.contiguous(),
+        output_split_sizes=output_splits,
+        input_split_sizes=input_splits,
+        group=group,
+    )
+    return received_YD
+
+
 class _ExchangeRows(torch.autograd.Function):
     """Rows to and from every rank: ``input_splits[r]`` rows sent to rank r, ``output_splits[r]`` received from
     it, in rank order; the backward sends the gradients back the same way.
@@ -155,28 +169,13 @@ class _ExchangeRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows_XD, output_splits, input_splits, group):
         ctx.splits, ctx.group = (output_splits, input_splits), group
-        received_YD = rows_XD.new_empty(sum(output_splits), *rows_XD.shape[1:])
-        dist.all_to_all_single(
-            received_YD,
-            rows_XD.contiguous(),
-            output_split_sizes=output_splits,
-            input_split_sizes=input_splits,
-            group=group,
-        )
-        return received_YD
+        return _all_to_all(rows_XD, output_splits, input_splits, group)
 
     @staticmethod
     def backward(ctx, grad_YD):
         output_splits, input_splits = ctx.splits
-        grad_XD = grad_YD.new_empty(sum(input_splits), *grad_YD.shape[1:])
-        dist.all_to_all_single(
-            grad_XD,
-            grad_YD.contiguous(),
-            output_split_sizes=input_splits,
-            input_split_sizes=output_splits,
-            group=ctx.group,
-        )
-        return grad_XD, None, None, None
+        # The forward's exchange reversed: each rank's gradients go back to the rank that sent the rows.
+        return _all_to_all(grad_YD, input_splits, output_splits, ctx.group), None, None, None
 
 
 def exchange_rows(rows_XD: torch.Tensor, output_splits, input_splits, group) -> torch.Tensor:

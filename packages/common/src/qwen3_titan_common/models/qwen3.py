@@ -35,6 +35,7 @@ from torchtitan.models.common.config_utils import (
 )
 from torchtitan.models.common.nn_modules import RMSNorm
 from torchtitan.models.common.param_init import skip_param_init
+from torchtitan.models.common.rope import RoPE
 from torchtitan.models.qwen3 import parallelize_qwen3
 from torchtitan.models.qwen3.model import Qwen3Model, Qwen3TransformerBlock
 from torchtitan.models.qwen3.state_dict_adapter import Qwen3StateDictAdapter
@@ -96,61 +97,43 @@ def _attention(arch: Qwen3Architecture, kind: DocumentAttention, fixed_shapes: b
     )
 
 
-class SharedCosSinRoPE(CosSinRoPE):
-    """torchtitan's cos/sin RoPE with one cache for all of a model's layers, its cos and sin multiplied by
-    ``attention_factor`` (YaRN as transformers applies it; torchtitan's YaRN leaves that factor to the model's
-    softmax scale, which its Qwen3 does not apply).
-
-    torchtitan gives every attention layer a RoPE module of its own, each computing and keeping its own cache
-    buffer (positions x 2 x head_dim, fp32): identical copies, 1.1 GiB a rank for Qwen3-8B's 36 layers at 32,768
-    positions, 3.5 GiB for Qwen3-0.6B's 28 at 131,072. The model (:class:`Qwen3TitanModel`) gives its layers'
-    modules one ``shared_caches`` dict: the first to compute a cache for a config and device keeps it there, the
-    others take that tensor. Per model, not per process: torchtitan annotates each model's buffers with its own
-    device mesh."""
+class ScaledCosSinRoPE(CosSinRoPE):
+    """torchtitan's cos/sin RoPE with its cos and sin multiplied by ``attention_factor``, as transformers applies
+    YaRN (torchtitan's YaRN leaves that factor to the model's softmax scale, which its Qwen3 does not apply)."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(CosSinRoPE.Config):
         attention_factor: float = 1.0
 
-    shared_caches: dict[tuple[str, str], torch.Tensor] | None = None
-
     def _precompute_cache(self) -> torch.Tensor:
-        key = (repr(self.config), str(torch.get_default_device()))
-        shared = self.shared_caches
-        if shared is not None and key in shared:
-            return shared[key]
-        cache = CosSinRoPE._precompute_cache(self)
-        if self.config.attention_factor != 1.0:
-            cache = cache * self.config.attention_factor
-        if shared is not None:
-            shared[key] = cache
-        return cache
-
-    def _init_self_buffers(self, *, buffer_device: torch.device | None = None) -> None:
-        # As torchtitan's (computed on the buffer's device: after to_empty, the cache's), through the shared one.
-        with torch.device(self.cache.device if buffer_device is None else buffer_device):
-            self.cache = self._precompute_cache()
+        return CosSinRoPE._precompute_cache(self) * self.config.attention_factor
 
 
 def share_rope_caches(model: nn.Module) -> None:
-    """Give every :class:`SharedCosSinRoPE` of ``model`` one ``shared_caches`` dict, and each the cache the first
-    of its config holds (built on the meta device: no storage yet, the run's ``init_states`` computes it)."""
-    shared: dict[tuple[str, str], torch.Tensor] = {}
+    """Every RoPE module of ``model`` holding the cache of the first of its kind and config, on its device.
+
+    torchtitan gives every attention layer a RoPE module, each computing and keeping a cache buffer of its own
+    (positions x 2 x head_dim, fp32): identical copies, 1.1 GiB a rank for Qwen3-8B's 36 layers at 32,768
+    positions, 3.5 GiB for Qwen3-0.6B's 28 at 131,072. Called when the model is built (on the meta device, so
+    the memory estimate counts one) and after ``init_states`` computes them (the others are then freed). The
+    plain RoPE stays torchtitan's own ``CosSinRoPE.Config``, which ``--override.imports`` factories target
+    exactly (the nki-moe backend's ``rope_hf`` kernel, a user's own). Per model: torchtitan annotates a
+    model's buffers with its own device mesh."""
+    first: dict[tuple[type, str, str], torch.Tensor] = {}
     for module in model.modules():
-        if isinstance(module, SharedCosSinRoPE):
-            module.shared_caches = shared
-            key = (repr(module.config), str(module.cache.device))
-            module.cache = shared.setdefault(key, module.cache)
+        if isinstance(module, RoPE):
+            key = (type(module), repr(module.config), str(module.cache.device))
+            module.cache = first.setdefault(key, module.cache)
 
 
-def _rope(arch: Qwen3Architecture) -> SharedCosSinRoPE.Config:
+def _rope(arch: Qwen3Architecture) -> CosSinRoPE.Config:
     """Plain RoPE, or YaRN as the checkpoint's config.json asks (``arch.yarn``)."""
     if arch.yarn is None:
-        return SharedCosSinRoPE.Config(
+        return CosSinRoPE.Config(
             dim=arch.head_dim, max_seq_len=arch.max_position_embeddings, theta=arch.rope_theta
         )
     yarn = arch.yarn
-    return SharedCosSinRoPE.Config(
+    return ScaledCosSinRoPE.Config(
         dim=arch.head_dim,
         max_seq_len=arch.max_position_embeddings,
         theta=arch.rope_theta,
@@ -247,6 +230,10 @@ class Qwen3TitanModel(Qwen3Model):
     def __init__(self, config: Config):
         super().__init__(config)
         share_rope_caches(self)
+
+    def init_states(self, *, buffer_device: torch.device | None = None) -> None:
+        super().init_states(buffer_device=buffer_device)
+        share_rope_caches(self)  # each layer's module computed its own
 
     @dataclass(kw_only=True, slots=True)
     class Config(Qwen3Model.Config):

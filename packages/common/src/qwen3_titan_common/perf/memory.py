@@ -157,7 +157,7 @@ def process_baseline_bytes(device_kind: str) -> int:
 
 def _shared_buffers(model) -> list[list[tuple[object, str]]]:
     """The (module, name) of each buffer that several modules hold (one RoPE cache for every layer,
-    ``models.qwen3.SharedCosSinRoPE``), grouped by buffer."""
+    ``models.qwen3.share_rope_caches``), grouped by buffer."""
     owners: dict[int, list[tuple[object, str]]] = {}
     for module in model.modules():
         for name, buffer in module.named_buffers(recurse=False):
