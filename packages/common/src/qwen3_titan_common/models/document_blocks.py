@@ -491,8 +491,9 @@ def block_sparse_attention(
     if heads % k_BLHD.shape[2]:
         raise ValueError(f"{heads} query heads do not group over {k_BLHD.shape[2]} kv heads")
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    if q_BLHD.device.type == "cpu" and blocks.documents is not None:
-        # As causal SDPA computes on a whole row, autocast included.
+    if blocks.documents is not None:
+        # Built for the CPU, with no block pairs: SDPA per document, as causal SDPA computes on a whole row,
+        # autocast included.
         return _per_document_attention(q_BLHD, k_BLHD, v_BLHD, blocks, scale)
     if q_BLHD.device.type == "cpu" and blocks.spans:
         # One dtype for the fused kernel: autocast's where the rank computes under it (a whole-model CPU rank,

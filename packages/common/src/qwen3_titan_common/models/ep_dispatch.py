@@ -7,8 +7,8 @@ sizes are read on the host every layer, and on its default ``spmd_types`` path i
 - :class:`ExactTokenDispatcher` (the CPU's default) is torchtitan's, exchanging exactly the routed rows, with
   its three exchanges through torch's public ``all_to_all_single`` with split sizes, which gloo runs forward
   and backward. It drops nothing, so expert parallelism trains what one rank trains.
-- The Neuron compiler needs fixed shapes: one graph per shape. :class:`CapacityTokenDispatcher` sends every expert a fixed ``capacity`` of
-rows from each rank (``ceil(tokens x top_k / experts x capacity_factor)``, at most the rank's tokens),
+- The Neuron compiler needs fixed shapes: one graph per shape. :class:`CapacityTokenDispatcher` sends every
+expert a fixed ``capacity`` of rows from each rank (``ceil(tokens x top_k / experts x capacity_factor)``, at most the rank's tokens),
 zero-filled where fewer are routed, in one equal-split ``all_to_all_single`` each way; so every layer has one
 shape on every step and every backend (gloo, Neuron's collectives, NCCL) runs it.
 
