@@ -311,7 +311,10 @@ def test_parquet_without_the_column(tmp_path, tokenizer):
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"body": ["x"]}), path)
-    with pytest.raises(DatasetError, match=rf"^{path}: no column 'messages' or 'text' \(columns: body\)"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"^{path}: no column 'messages' or 'text' or 'chosen' or 'rejected' \(columns: body\)",
+    ):
         _loader(tokenizer, path)
 
 

@@ -169,3 +169,42 @@ def test_under_a_whole_model_ranks_bf16_autocast_the_attention_computes_as_on_bf
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, expected)
     assert all(torch.equal(a.grad, b.grad.float()) for a, b in zip(cast, plain, strict=True))
+
+
+def _with_continuations(positions: torch.Tensor) -> torch.Tensor:
+    """``positions`` with a preference pair's layout written into each row: a prompt of 13 tokens and a chosen
+    completion of 20 (positions 0-32), then the rejected completion continuing the prompt (positions 12-37),
+    across block edges."""
+    rows_ = positions.clone()
+    rows_[:, 5:38] = torch.arange(33)
+    rows_[:, 38:64] = torch.arange(12, 38)
+    rows_[:, 64] = 0
+    return rows_
+
+
+@pytest.mark.parametrize("path", PATHS[:2])
+def test_a_continuation_attends_its_prompt_and_itself(path):
+    positions = _with_continuations(rows(5, batch=2, seq_len=101))
+    mask = document_causal_mask(positions)[0, 0]
+    # The rejected completion's first query (the prompt's last token again) sees the prompt's first 12 tokens
+    # and itself, not the chosen completion.
+    assert mask[38].nonzero().flatten().tolist() == [*range(5, 17), 38]
+    assert not mask[38:64, 17:38].any() and mask[37, 5:38].all()
+    blocks = document_blocks(positions, block_size=BLOCK, pairs_per_chunk=7)
+    assert blocks.documents is None  # a continuation is never one causal call per document
+    blocks = _on_path(blocks, positions, path)
+    q, k, v = inputs(5, positions, torch.float64)
+    ours = block_sparse_attention(q, k, v, blocks)
+    dense = dense_attention(q, k, v, positions)
+    grad_out = torch.randn_like(ours)
+    bounds = attention_bounds(q, k, v, grad_out, torch.float64)
+    assert_close(ours, dense, bounds["out"], torch.float64, "out")
+    for name, ours_grad, dense_grad in zip(
+        "qkv",
+        torch.autograd.grad(ours, (q, k, v), grad_out),
+        torch.autograd.grad(dense, (q, k, v), grad_out),
+        strict=True,
+    ):
+        assert_close(ours_grad, dense_grad, bounds[name], torch.float64, f"grad {name}")
+    fixed = document_blocks(positions, block_size=BLOCK, pairs_per_chunk=7, fixed_shapes=True)
+    assert_close(block_sparse_attention(q, k, v, fixed), dense, bounds["out"], torch.float64, "fixed shapes")

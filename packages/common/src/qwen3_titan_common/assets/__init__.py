@@ -58,6 +58,11 @@ def default_corpus_path() -> Path:
     return default_assets_dir() / "corpus" / "corpus.jsonl"
 
 
+def default_pairs_path() -> Path:
+    """The embedded preference pairs (``--dataloader.dataset default-pairs``), built from the corpus."""
+    return default_assets_dir() / "pairs" / "pairs.jsonl"
+
+
 def default_model_dir() -> Path:
     return default_assets_dir() / "model"
 

@@ -88,6 +88,8 @@ class Qwen3Metrics(MetricsProcessor):
         self.trained_tokens_since_last_log = 0
         # Set by the trainer when the run has the router balance loss (components.router_balance).
         self.router_balance = None
+        # Set by the trainer when the run trains on preference pairs (components.preference).
+        self.preference = None
         # Set by the trainer: the file its launcher reads after the run (protocols.summary.RunRecord), which
         # keeps the last step logged, for the line of an interrupted run.
         self.run_record = None
@@ -142,6 +144,12 @@ class Qwen3Metrics(MetricsProcessor):
             ours["loss_metrics/router_aux_loss"] = balance / self.router_balance.coefficient
             balance_text = f"balance: {balance:.5f}  "
         experts_text = self._expert_load_text(ours)
+        pairs = self.preference.step_metrics() if self.preference is not None else None
+        pairs_text = ""
+        if pairs is not None:
+            for name, value in pairs.items():
+                ours[f"dpo/{name}"] = value
+            pairs_text = f"acc: {100 * pairs['accuracy']:.0f}%  margin: {pairs['margin']:.4f}  "
         # torchtitan's ``log`` prints its own line at INFO; ours replaces it, its metrics stay.
         with titan_log_level_at_least(logging.WARNING):
             super().log(step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=ours)
@@ -151,7 +159,7 @@ class Qwen3Metrics(MetricsProcessor):
         total = self.progress.total_steps
         step_text = f"{step:{len(str(total))}}/{total}" if total else f"{step:2}"
         logger.info(
-            f"{color.red}step: {step_text}  {color.green}loss: {global_avg_loss:8.5f}  {balance_text}"
+            f"{color.red}step: {step_text}  {color.green}loss: {global_avg_loss:8.5f}  {balance_text}{pairs_text}"
             f"{color.orange}grad_norm: {grad_norm:7.4f}  {color.blue}tps: {round(tps):,}  "
             f"trained: {100 * trained_share:.0f}%  {experts_text}{color.cyan}tflops: {tflops:,.2f}  {color.magenta}mfu: {mfu_text}  "
             f"{color.turquoise}memory: {memory_text} ({self.memory_source})  "

@@ -40,6 +40,7 @@ from qwen3_titan_common.data.packing import (
     padding_row,
     text_document,
 )
+from qwen3_titan_common.data.preference import PreferenceTokenizer, pair_markers
 from qwen3_titan_common.data.records import (
     BadRecordError,
     InvalidRecord,
@@ -72,13 +73,22 @@ class StreamSettings:
     on_bad_record: Literal["stop", "skip"] = "stop"
     packing: bool = True
     max_record_chars: int = MAX_RECORD_BYTES
+    share_prompt: bool = False  # preference pairs: the rejected completion continues the chosen one's prompt
 
 
-def sample_of(row: Row) -> Sample:
-    """A row as the Trainer takes it: positions go to the model, which masks attention by them."""
-    inputs, labels, positions = row
+def sample_of(row: Row, preference: bool = False) -> Sample:
+    """A row as the Trainer takes it: positions go to the model, which masks attention by them.
+
+    A row of preference pairs keeps its token labels and records as ``dpo_targets`` and ``dpo_records`` (the
+    preference loss reads them, ``components.preference``), and its labels mark one token per pair: what
+    torchtitan counts and divides the loss by is then the pairs, over ranks and micro-batches."""
+    inputs, labels, positions, records = row
     input_dict = {"input": torch.from_numpy(inputs), "positions": torch.from_numpy(positions)}
-    return input_dict, torch.from_numpy(labels)
+    if not preference:
+        return input_dict, torch.from_numpy(labels)
+    input_dict["dpo_targets"] = torch.from_numpy(labels)
+    input_dict["dpo_records"] = torch.from_numpy(records)
+    return input_dict, torch.from_numpy(pair_markers(labels, positions))
 
 
 class RecordStreamDataset(IterableDataset, Stateful):
@@ -98,9 +108,17 @@ class RecordStreamDataset(IterableDataset, Stateful):
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.local_batch_size = local_batch_size
-        self.chat = (
-            ChatTokenizer(tokens, settings.earlier_reasoning) if settings.record_format == "chat" else None
-        )
+        self.chat = None
+        self.preference: PreferenceTokenizer | None = None
+        if settings.record_format == "chat":
+            self.chat = ChatTokenizer(tokens, settings.earlier_reasoning)
+        elif settings.record_format == "preference":
+            try:
+                self.chat = ChatTokenizer(tokens, settings.earlier_reasoning)
+            except DatasetError:
+                self.chat = None  # string pairs need no template; message pairs say so, record by record
+            self.preference = PreferenceTokenizer(tokens, self.chat, settings.share_prompt)
+        self.identical_pairs = 0  # preference pairs whose chosen and rejected are the same (no signal)
         self.epoch = 0
         self.next_record = 0  # records of the epoch already read
         self.rows_dealt = 0  # rows of the global stream dealt out so far, in whole groups
@@ -162,7 +180,15 @@ class RecordStreamDataset(IterableDataset, Stateful):
         while self.next_record < len(order):
             chunk = order[self.next_record : self.next_record + READ_AHEAD].tolist()
             records = self.source.read(chunk)
-            if self.chat is None:
+            if self.preference is not None:
+                for index, record in zip(chunk, records, strict=True):
+                    document = self._pair_document(index, record)
+                    self.next_record += 1
+                    if document is not None:
+                        produced = True
+                        self.packer.add(document)
+                        yield from self._dealt()
+            elif self.chat is None:
                 for record, document in zip(records, self._tokenize_texts(records), strict=True):
                     # Counted before its rows are yielded: the saved position then covers every
                     # record whose tokens are already in the packer (and in the saved state).
@@ -200,7 +226,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
             self.rows_dealt += rows
             if self.takes_group(index):
                 for row in self.rows_of(group):
-                    yield sample_of(row)
+                    yield sample_of(row, preference=self.preference is not None)
 
     def _tokenize_texts(self, records: list[RawRecord]) -> list[list[int] | InvalidRecord]:
         """Token ids of each record, or why it is bad; all texts of the chunk encoded in one call."""
@@ -240,6 +266,17 @@ class RecordStreamDataset(IterableDataset, Stateful):
         except InvalidRecord as e:
             self._bad(record, e)
             return []
+
+    def _pair_document(self, index: int, record: RawRecord) -> Document | None:
+        """The record's preference pair as one document, or None for a bad one."""
+        assert self.preference is not None
+        try:
+            pair = self.preference.pair(self._readable(record), self.settings.seq_len)
+        except InvalidRecord as e:
+            self._bad(record, e)
+            return None
+        self.identical_pairs += pair.identical
+        return pair.document(self.tokens.eos_id, index, self.settings.share_prompt)
 
     @staticmethod
     def _readable(record: RawRecord) -> Any:
@@ -291,5 +328,7 @@ class RecordStreamDataset(IterableDataset, Stateful):
 def _rows_described(settings: StreamSettings) -> str:
     """How documents become rows, as a checkpoint's data position records it."""
     if not settings.packing:
-        return "one document per row"
+        return "one document per row" + (", prompt shared" if settings.share_prompt else "")
+    if settings.record_format == "preference":
+        return "pairs packed whole" + (", prompt shared" if settings.share_prompt else "")
     return "conversations packed whole" if settings.record_format == "chat" else "text packed as a stream"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+import tyro
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
@@ -21,6 +22,7 @@ from qwen3_titan_common.data.holdout import Part, check_share, default_share, he
 from qwen3_titan_common.data.records import RecordFormat, detect_format
 from qwen3_titan_common.data.sources import (
     DEFAULT_DATASET,
+    DEFAULT_PAIRS,
     MAX_RECORD_BYTES,
     DatasetError,
     RecordSource,
@@ -49,8 +51,10 @@ class TextChatDataLoader(ParallelAwareDataloader):
         """A .jsonl/.json (JSON Lines) or .parquet file, a directory of them, a datasets.save_to_disk
         directory, or 'default' (the embedded corpus). A Hub dataset id needs --dataloader.allow_network."""
 
-        format: Literal["auto", "text", "chat"] = "auto"
-        """'text': records hold text_field; 'chat': records hold messages_field; 'auto': the first record decides."""
+        format: Literal["auto", "text", "chat", "preference"] = "auto"
+        """'text': records hold text_field; 'chat': records hold messages_field; 'preference': records hold
+        'chosen' and 'rejected' (and 'prompt'), for --objective dpo (docs/preference.md); 'auto': the first record
+        decides."""
 
         text_field: str = "text"
         """Field of a plain-text record holding its text."""
@@ -93,6 +97,10 @@ class TextChatDataLoader(ParallelAwareDataloader):
         packing: bool = True
         """Pack several documents into each row (conversations whole, text as one stream), each attending only
         to itself; --dataloader.no-packing puts one document in each row, padded (docs/data.md)."""
+
+        share_prompt: Annotated[bool, tyro.conf.Suppress] = False
+        """Preference pairs: the rejected completion continues the chosen one's prompt (set from
+        --dpo.share_prompt, where the model's attention reads continuations)."""
 
         held_out: float | None = None
         """Share of the records kept out of training for validation (the same records in every run). Default:
@@ -177,10 +185,11 @@ def open_dataset(
     resolved = resolve_dataset(config.dataset, split=config.split, allow_network=config.allow_network)
     if resolved.note and announce:
         logger.info(f"data: {resolved.spec}: {resolved.note}")
-    wanted = {"text": [config.text_field], "chat": [config.messages_field]}.get(
-        config.format, [config.messages_field, config.text_field]
+    preference = ["chosen", "rejected"]
+    wanted = {"text": [config.text_field], "chat": [config.messages_field], "preference": preference}.get(
+        config.format, [config.messages_field, config.text_field, *preference]
     )
-    optional = [] if config.format == "text" else [config.tools_field]
+    optional = [] if config.format == "text" else [config.tools_field, "prompt"]
     if config.max_record_bytes < 1:
         raise DatasetError(
             f"--dataloader.max_record_bytes {config.max_record_bytes}: expected a positive size"
@@ -228,6 +237,7 @@ def build_record_stream(
         on_bad_record=config.on_bad_record,
         packing=config.packing,
         max_record_chars=config.max_record_bytes,
+        share_prompt=config.share_prompt and config.packing and record_format == "preference",
     )
     dataset = RecordStreamDataset(
         source,
@@ -243,7 +253,7 @@ def build_record_stream(
                 resolved, len(source), settings, dp_rank, dp_world_size, config.format, part, opened.held_out
             )
         )
-        if dataset.chat is not None:
+        if dataset.chat is not None and dataset.preference is None:
             logger.info(
                 f"data: loss on {dataset.chat.method}; earlier reasoning: {settings.earlier_reasoning} "
                 "(preview-data shows what is trained)"
@@ -266,13 +276,23 @@ def _summary(
         shape = "one document per row, padded (--dataloader.no-packing)"
     elif settings.record_format == "chat":
         shape = "conversations packed whole, several to a row"
+    elif settings.record_format == "preference":
+        shape = (
+            "pairs (the prompt once, then the chosen and the rejected completion) packed whole, several to a row"
+            if settings.share_prompt
+            else "pairs (chosen and rejected, each with its prompt) packed whole, several to a row"
+        )
     else:
         shape = "documents packed as one stream"
     shape += ", each attending only to itself"
     if settings.record_format == "chat":
         shape += ", loss on assistant tokens"
+    elif settings.record_format == "preference":
+        shape = shape.replace("one document per row", "one pair per row") + ", loss on the completions"
     order = f"shuffled per epoch (seed {settings.seed})" if settings.shuffle else "file order"
-    name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
+    name = {DEFAULT_DATASET: "the embedded corpus", DEFAULT_PAIRS: "the embedded pairs"}.get(
+        resolved.spec, resolved.spec
+    )
     if part == "held_out":
         name = f"the held-out part of {name}"
     elif held_out:

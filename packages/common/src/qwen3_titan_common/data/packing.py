@@ -19,6 +19,10 @@ document boundaries and a token attends only to earlier tokens of its own docume
 - Without packing (:class:`OneDocumentPerRow`) each row holds one document, padded.
 
 Padding is EOS inputs with ignored labels, positions counting up as one document of its own.
+
+A preference pair (``data.preference``) is one document holding two sequences, its positions restarting
+where the second starts, and the record it came from on every token (``records``; -1 elsewhere): packed
+whole like a conversation, never split.
 """
 
 from __future__ import annotations
@@ -36,23 +40,45 @@ from qwen3_titan_common.data.records import InvalidRecord
 # rows almost to the last token (docs/performance.md), few enough that a checkpoint stays small.
 CHAT_WINDOW_ROWS = 4
 
-Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # inputs, labels, positions, each (seq_len,)
+Row = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # inputs, labels, positions, records; (seq_len,)
+NO_RECORD = -1
 
 
 @dataclass(frozen=True)
 class Document:
     inputs: np.ndarray
     labels: np.ndarray
+    positions: np.ndarray | None = None
+    """Per token; None: 0, 1, 2, ... (one sequence)."""
+    records: np.ndarray | None = None
+    """Per token, the dataset record it came from, for a preference pair; None: not recorded."""
 
     def __len__(self) -> int:
         return len(self.inputs)
 
+    def position_ids(self) -> np.ndarray:
+        return self.positions if self.positions is not None else np.arange(len(self.inputs), dtype=np.int64)
+
+    def record_ids(self) -> np.ndarray:
+        return (
+            self.records if self.records is not None else np.full(len(self.inputs), NO_RECORD, dtype=np.int64)
+        )
+
+    def cut(self, start: int, stop: int | None = None) -> Document:
+        """Tokens ``start:stop``; only a one-sequence document (text) is ever cut."""
+        assert self.positions is None and self.records is None, "a pair is never cut"
+        return Document(self.inputs[start:stop], self.labels[start:stop])
+
     def to_state(self) -> list[list[int]]:
-        return [self.inputs.tolist(), self.labels.tolist()]
+        state = [self.inputs.tolist(), self.labels.tolist()]
+        if self.positions is not None or self.records is not None:
+            state += [self.position_ids().tolist(), self.record_ids().tolist()]
+        return state
 
     @staticmethod
     def from_state(state: list[list[int]]) -> Document:
-        return Document(np.asarray(state[0], dtype=np.int64), np.asarray(state[1], dtype=np.int64))
+        arrays = [np.asarray(part, dtype=np.int64) for part in state]
+        return Document(*arrays)
 
 
 def text_document(ids: list[int], eos_id: int) -> Document | None:
@@ -99,8 +125,9 @@ def build_row(documents: list[Document], seq_len: int, pad_id: int) -> Row:
         )
     inputs = np.concatenate([d.inputs for d in parts])
     labels = np.concatenate([d.labels for d in parts])
-    positions = np.concatenate([np.arange(len(d), dtype=np.int64) for d in parts])
-    return inputs, labels, positions
+    positions = np.concatenate([d.position_ids() for d in parts])
+    records = np.concatenate([d.record_ids() for d in parts])
+    return inputs, labels, positions, records
 
 
 def padding_row(seq_len: int, pad_id: int) -> Row:
@@ -151,9 +178,7 @@ class Packer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = [Document.from_state(d) for d in state["pending"]]
-        self.ready = [
-            tuple(np.asarray(part, dtype=np.int64) for part in row) for row in state.get("ready", [])
-        ]
+        self.ready = [_row_from_state(row) for row in state.get("ready", [])]
 
 
 class TextStreamPacker(Packer):
@@ -172,8 +197,8 @@ class TextStreamPacker(Packer):
                     parts.append(self.pending.pop(0))
                     room -= len(head)
                 else:
-                    parts.append(Document(head.inputs[:room], head.labels[:room]))
-                    self.pending[0] = Document(head.inputs[room:], head.labels[room:])
+                    parts.append(head.cut(0, room))
+                    self.pending[0] = head.cut(room)
                     room = 0
             yield build_row(parts, self.seq_len, self.pad_id)
 
@@ -217,14 +242,21 @@ class OneDocumentPerRow(Packer):
         while self.pending:
             head = self.pending.pop(0)
             if len(head) > self.seq_len:
-                self.pending.insert(0, Document(head.inputs[self.seq_len :], head.labels[self.seq_len :]))
-                head = Document(head.inputs[: self.seq_len], head.labels[: self.seq_len])
+                self.pending.insert(0, head.cut(self.seq_len))
+                head = head.cut(0, self.seq_len)
             yield build_row([head], self.seq_len, self.pad_id)
+
+
+def _row_from_state(row: list[list[int]]) -> Row:
+    parts = [np.asarray(part, dtype=np.int64) for part in row]
+    if len(parts) == 3:  # written before rows carried records
+        parts.append(np.full(len(parts[0]), NO_RECORD, dtype=np.int64))
+    return tuple(parts)  # type: ignore[return-value]
 
 
 def make_packer(record_format: str, packing: bool, seq_len: int, pad_id: int) -> Packer:
     if not packing:
         return OneDocumentPerRow(seq_len, pad_id)
-    if record_format == "chat":
+    if record_format in ("chat", "preference"):
         return ChatPacker(seq_len, pad_id)
     return TextStreamPacker(seq_len, pad_id)

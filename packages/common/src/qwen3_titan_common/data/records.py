@@ -15,7 +15,7 @@ from typing import Any, Literal
 from qwen3_titan_common.data.sources import DatasetError, RawRecord
 from qwen3_titan_common.errors import UserInputError
 
-RecordFormat = Literal["text", "chat"]
+RecordFormat = Literal["text", "chat", "preference"]
 MAX_LISTED_LOCATIONS = 5
 
 
@@ -80,10 +80,13 @@ def text_of(record: Any, text_field: str) -> str:
 def detect_format(
     first_records: Sequence[RawRecord], *, text_field: str, messages_field: str, dataset: str
 ) -> RecordFormat:
-    """``format="auto"``: chat if the first readable record has the messages field, else text."""
+    """``format="auto"``: preference if the first readable record has 'chosen' and 'rejected' (TRL's
+    preference formats, ``data.preference``), chat if it has the messages field, else text."""
     for record in first_records:
         if not isinstance(record.value, dict):
             continue
+        if "chosen" in record.value and "rejected" in record.value:
+            return "preference"
         if messages_field in record.value:
             return "chat"
         if text_field in record.value:

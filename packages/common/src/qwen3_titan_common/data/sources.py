@@ -24,11 +24,13 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from qwen3_titan_common.assets import default_corpus_path
+from qwen3_titan_common.assets import default_corpus_path, default_pairs_path
 from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.perf.progress import Phase
 
 DEFAULT_DATASET = "default"
+# The embedded preference pairs, built from the corpus (tools/make_preference_pairs.py): --objective dpo's demo.
+DEFAULT_PAIRS = "default-pairs"
 JSONL_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
 SUPPORTED = (
@@ -170,6 +172,8 @@ def resolve_dataset(spec: str, *, split: str = "train", allow_network: bool = Fa
     """Checks that ``spec`` names something readable; cheap enough to run when the config is built."""
     if spec == DEFAULT_DATASET:
         return ResolvedDataset(spec, "files", files=(default_corpus_path(),))
+    if spec == DEFAULT_PAIRS:
+        return ResolvedDataset(spec, "files", files=(default_pairs_path(),))
     if not spec:
         raise DatasetError(f"--dataloader.dataset is empty; pass {SUPPORTED}, or '{DEFAULT_DATASET}'")
     path = Path(spec).expanduser()
@@ -224,7 +228,7 @@ def split_names(spec: str, *, allow_network: bool = False) -> list[str]:
     """The splits ``spec`` holds, as ``--dataloader.split`` names them; ``[]`` where it cannot tell without
     the network (a Hub id). A single file, the embedded corpus and an un-split directory are one ``train``."""
     path = Path(spec).expanduser()
-    if spec == DEFAULT_DATASET or path.is_file():
+    if spec in (DEFAULT_DATASET, DEFAULT_PAIRS) or path.is_file():
         return ["train"]
     if path.is_dir():
         if (path / "dataset_dict.json").is_file():
@@ -248,7 +252,7 @@ def _looks_like_hub_id(spec: str) -> bool:
 
 def _shown(path: Path, resolved: ResolvedDataset) -> str:
     """The path as the user would recognise it: under the directory they passed."""
-    if resolved.spec == DEFAULT_DATASET:
+    if resolved.spec in (DEFAULT_DATASET, DEFAULT_PAIRS):
         return f"<embedded corpus>/{path.name}"
     root = Path(resolved.spec).expanduser()
     if root.is_dir():
@@ -533,7 +537,9 @@ def open_source(
 ) -> ConcatSource:
     """Opens what :func:`resolve_dataset` found. Columnar formats load only ``wanted_columns`` (one of them
     must exist) and those of ``optional_columns`` that exist."""
-    name = "the embedded corpus" if resolved.spec == DEFAULT_DATASET else resolved.spec
+    name = {DEFAULT_DATASET: "the embedded corpus", DEFAULT_PAIRS: "the embedded pairs"}.get(
+        resolved.spec, resolved.spec
+    )
     if resolved.kind == "saved":
         assert resolved.saved_dir is not None
         return ConcatSource(

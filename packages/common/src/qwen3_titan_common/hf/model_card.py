@@ -28,6 +28,9 @@ class CardFacts:
     loss_step: int | None  # the step whose logged loss ``loss`` is
     dtype: str
     command: str
+    objective: str = (
+        "next-token prediction (supervised fine-tuning)"  # what the loss trained, e.g. DPO's settings
+    )
 
 
 def source_hub_id(model_dir: str | Path | None) -> str | None:
@@ -51,7 +54,7 @@ def model_card(facts: CardFacts) -> ModelCard:
         base_model=facts.base_model_hub_id,
         library_name="transformers",
         pipeline_tag="text-generation",
-        tags=["qwen3", "torchtitan", "qwen3-titan"],
+        tags=["qwen3", "torchtitan", "qwen3-titan", *(["dpo"] if facts.objective.startswith("DPO") else [])],
     )
     started = (
         f"`{facts.base_model}`" if facts.base_model else "random initialisation (the config's architecture)"
@@ -75,6 +78,7 @@ Hugging Face layout: `transformers.AutoModelForCausalLM.from_pretrained` loads t
 | architecture | {facts.architecture} |
 | backend | {facts.backend} |
 | data | {facts.data} |
+| objective | {facts.objective} |
 | steps | {facts.step} of {facts.total_steps} |
 | loss | {loss} |
 | dtype on disk | {facts.dtype} |

@@ -8,6 +8,13 @@ matrix is masked whole and is never computed. Inside the blocks that are compute
 counts when both tokens are of one document and the key is not later than the query (the partial blocks on
 each document's diagonal and at its edges).
 
+A document may hold a continuation: a segment whose positions do not go on from the token before it and do not
+restart at 0, but start at some ``p > 0``. Its tokens share the document's first ``p`` positions with the segment
+the document started with, and attend to those and to their own segment only: a preference pair whose rejected
+completion shares the chosen one's prompt (``data.preference``), computed once. So in general a query may attend
+a key of its document no later than itself when the key is of its own segment, or the key's position is below
+where the query's segment starts. Without continuations that is the rule above.
+
 On the CPU, where a batch's documents are long (on average at least ``PER_DOCUMENT_BLOCKS`` blocks), each
 document is one call of torch's causal SDPA on its own tokens (the fused kernel causal SDPA runs on a whole
 row): its work is the documents' own triangles, with no block padding and no mask, and a handful of calls a
@@ -160,8 +167,10 @@ def document_blocks(
     n = -(-seq_len // block_size)
     padded = n * block_size
     starts_BL = (positions_BL == 0).to(torch.int64)
-    if query_blocks is None and not bool(starts_BL[:, 1:].any()):
+    segments = _Segments.of(positions_BL, padded)
+    if query_blocks is None and not bool(starts_BL[:, 1:].any()) and not segments.continued:
         return None
+    per_document = per_document and not segments.continued
     if per_document and query_blocks is None and not fixed_shapes and device.type == "cpu":
         documents = document_ranges(positions_BL)
         if batch * seq_len >= PER_DOCUMENT_BLOCKS * block_size * sum(map(len, documents)):
@@ -205,9 +214,7 @@ def document_blocks(
         # Flat token indices in the keys' rows: a pair's query and key are in one row, so order is causality.
         query_tok = block_Q[query_P][:, None] * block_size + offset_b
         key_tok = key_P[:, None] * block_size + offset_b
-        allowed_PQK = (doc_T[query_tok][:, :, None] == doc_T[key_tok][:, None, :]) & (
-            query_tok[:, :, None] >= key_tok[:, None, :]
-        )
+        allowed_PQK = segments.allowed(doc_T, query_tok, key_tok)
         if fixed_shapes and pairs < pairs_per_chunk:
             missing = pairs_per_chunk - pairs
             query_P = torch.cat([query_P, torch.full((missing,), num_query, device=device)])
@@ -224,7 +231,7 @@ def document_blocks(
             torch.zeros(pairs_per_chunk, block_size, block_size, dtype=torch.bool, device=device),
         )
         chunks.extend([empty] * (2 ** math.ceil(math.log2(len(chunks))) - len(chunks)))
-    spans = () if fixed_shapes else _span_groups(doc_T, block_Q, low_Q, count_Q, block_size)
+    spans = () if fixed_shapes else _span_groups(doc_T, segments, block_Q, low_Q, count_Q, block_size)
     if query_blocks is None:
         return DocumentBlocks(
             batch=batch, seq_len=seq_len, block_size=block_size, chunks=tuple(chunks), spans=spans
@@ -237,6 +244,44 @@ def document_blocks(
         spans=spans,
         key_len=seq_len,
     )
+
+
+@dataclass(frozen=True)
+class _Segments:
+    """Each token's segment (a run of positions counting up by one) and the position its segment starts at,
+    flat over the rows padded to whole blocks (padding: a segment of its own, -1)."""
+
+    segment_T: torch.Tensor
+    position_T: torch.Tensor
+    start_T: torch.Tensor
+    continued: bool
+    """Whether some segment is a continuation (starts inside its row at a position above 0)."""
+
+    @staticmethod
+    def of(positions_BL: torch.Tensor, padded: int) -> _Segments:
+        batch, seq_len = positions_BL.shape
+        device = positions_BL.device
+        starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
+        starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
+        continued = bool((starts_BL[:, 1:] & (positions_BL[:, 1:] != 0)).any())
+        token_L = torch.arange(seq_len, device=device)
+        first_BL = torch.cummax(torch.where(starts_BL, token_L, 0), dim=1).values
+        segment_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
+        segment_BL[:, :seq_len] = torch.cumsum(starts_BL.to(torch.int64), dim=1)
+        position_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
+        position_BL[:, :seq_len] = positions_BL
+        start_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
+        start_BL[:, :seq_len] = positions_BL.gather(1, first_BL)
+        return _Segments(segment_BL.flatten(), position_BL.flatten(), start_BL.flatten(), continued)
+
+    def allowed(self, doc_T: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+        """``(..., queries, keys)`` booleans for flat token indices ``query (..., q)`` and ``key (..., k)``: one
+        document, the key no later, and of the query's segment or below the position its segment starts at."""
+        q, k = query[..., :, None], key[..., None, :]
+        allowed = (doc_T[q] == doc_T[k]) & (q >= k)
+        if not self.continued:
+            return allowed
+        return allowed & ((self.segment_T[q] == self.segment_T[k]) | (self.position_T[k] < self.start_T[q]))
 
 
 def document_ranges(positions_BL: torch.Tensor) -> tuple[tuple[tuple[int, int], ...], ...]:
@@ -270,7 +315,12 @@ def _per_document_attention(q_BLHD, k_BLHD, v_BLHD, blocks: DocumentBlocks, scal
 
 
 def _span_groups(
-    doc_T: torch.Tensor, block_Q: torch.Tensor, low_Q: torch.Tensor, count_Q: torch.Tensor, block_size: int
+    doc_T: torch.Tensor,
+    segments: _Segments,
+    block_Q: torch.Tensor,
+    low_Q: torch.Tensor,
+    count_Q: torch.Tensor,
+    block_size: int,
 ) -> tuple[SpanGroup, ...]:
     """The query blocks grouped by their number of key blocks; each one's keys run from its first token's
     document's first block to its own, in its own row (``block_Q``: each query block's flat key-block index)."""
@@ -282,9 +332,7 @@ def _span_groups(
             count * block_size, device=doc_T.device
         )
         query_Gb = block_Q[query_G][:, None] * block_size + offset_b
-        allowed_GbS = (doc_T[query_Gb][:, :, None] == doc_T[key_GS][:, None, :]) & (
-            query_Gb[:, :, None] >= key_GS[:, None, :]
-        )
+        allowed_GbS = segments.allowed(doc_T, query_Gb, key_GS)
         groups.append(SpanGroup(query_G, key_GS, allowed_GbS))
     return tuple(groups)
 

@@ -54,7 +54,39 @@ def preview(args: argparse.Namespace) -> list[PreviewRecord]:
     tokens = DocumentTokenizer(ChatTemplateTokenizer.Config().build(tokenizer_path=str(args.tokenizer)))
     chat = ChatTokenizer(tokens, args.earlier_reasoning) if opened.record_format == "chat" else None
     records = opened.source.read(list(range(min(args.records, len(opened.source)))))
+    if opened.record_format == "preference":
+        return [_preview_pair(record, tokens, args) for record in records]
     return [_preview_record(record, opened.record_format, tokens, chat, args) for record in records]
+
+
+def _preview_pair(record, tokens, args) -> PreviewRecord:
+    """A preference record's two sequences, each with its completion marked (``data.preference``)."""
+    from qwen3_titan_common.data.chat import ChatTokenizer
+    from qwen3_titan_common.data.preference import PreferenceTokenizer
+    from qwen3_titan_common.data.records import InvalidRecord
+    from qwen3_titan_common.data.sources import DatasetError
+    from qwen3_titan_common.scripts.preview_rows import decoded_with_offsets
+
+    try:
+        chat = ChatTokenizer(tokens, args.earlier_reasoning)
+    except DatasetError:
+        chat = None  # string pairs need no template
+    try:
+        if record.error is not None:
+            raise InvalidRecord(record.error)
+        pair = PreferenceTokenizer(tokens, chat).pair(record.value, args.seq_len or 2**31)
+    except InvalidRecord as e:
+        return PreviewRecord(record.location, "preference", [], error=str(e))
+
+    def decode(ids: list[int]) -> str:
+        return tokens.base.decode(ids, skip_special_tokens=False)
+
+    rows = []
+    for title, side in (("chosen", pair.chosen), ("rejected", pair.rejected)):
+        ids = side.ids.tolist()
+        text, offsets = decoded_with_offsets(ids, decode)
+        rows.append(PreviewRow(ids, side.trained.astype(int).tolist(), text, offsets, title=title))
+    return PreviewRecord(record.location, "preference", rows)
 
 
 def _preview_record(record, record_format, tokens, chat, args) -> PreviewRecord:
@@ -98,6 +130,8 @@ def _report(record: PreviewRecord, color: bool) -> str:
     lines = []
     for k, row in enumerate(record.rows):
         which = f", row {k + 1} of {len(record.rows)}" if len(record.rows) > 1 else ""
+        if row.title:
+            which = f", {row.title}"
         lines.append(
             f"== {record.location} ({record.record_format}{which}): {len(row.ids)} tokens, "
             f"{sum(row.mask)} trained"
@@ -109,7 +143,10 @@ def _report(record: PreviewRecord, color: bool) -> str:
 def _as_json(record: PreviewRecord) -> dict[str, Any]:
     if record.error is not None:
         return {"record": record.location, "error": record.error}
-    rows = [{"ids": row.ids, "mask": row.mask} for row in record.rows]
+    rows = [
+        {"ids": row.ids, "mask": row.mask, **({"kind": row.title} if row.title else {})}
+        for row in record.rows
+    ]
     return {"record": record.location, "format": record.record_format, "rows": rows}
 
 
@@ -149,7 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     # The dataloader's own flags, with its defaults (--dataloader.X in train).
-    p.add_argument("--format", choices=("auto", "text", "chat"), default="auto")
+    p.add_argument("--format", choices=("auto", "text", "chat", "preference"), default="auto")
     p.add_argument("--text-field", default="text")
     p.add_argument("--messages-field", default="messages")
     p.add_argument("--tools-field", default="tools")
@@ -162,6 +199,13 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="--no-packing: one document per row, padded, as --dataloader.no-packing (--rows only)",
+    )
+    p.add_argument(
+        "--share-prompt",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="preference pairs: the prompt once per pair, as --dpo.share_prompt does where the attention is the\n"
+        "block-sparse one (CPU, Neuron); --no-share-prompt: each completion with its prompt (--rows only)",
     )
     p.add_argument(
         "--on-bad-record",

@@ -41,6 +41,7 @@ class PackedDocument:
     inputs: list[int]
     labels: list[int]  # IGNORE_INDEX where no loss is taken
     continued: bool = False  # the rest of the document the previous row ends with
+    prompt_from: int = 0  # > 0: a rejected completion continuing its pair's prompt from this position
 
     @property
     def mask(self) -> list[int]:
@@ -78,6 +79,7 @@ def preview_rows(args: argparse.Namespace, tokenizer) -> RowsPreview:
         args,
         on_bad_record=args.on_bad_record,
         packing=args.packing,
+        share_prompt=args.share_prompt,
         # The first rows in file order, and no second epoch: what is shown is what the data gives.
         shuffle=False,
         infinite=False,
@@ -89,6 +91,7 @@ def preview_rows(args: argparse.Namespace, tokenizer) -> RowsPreview:
         )
     record_format = loader.dataset.settings.record_format
     rows: list[PackedRow] = []
+    # Preference rows mark one label per pair for the loss's count; their token labels are dpo_targets.
     error = None
     try:
         for inputs, labels in loader:
@@ -97,7 +100,7 @@ def preview_rows(args: argparse.Namespace, tokenizer) -> RowsPreview:
                 split_row(
                     len(rows) + 1,
                     inputs["input"][0].tolist(),
-                    labels[0].tolist(),
+                    inputs.get("dpo_targets", labels)[0].tolist(),
                     inputs["positions"][0].tolist(),
                     tokenizer.eos_id,
                     continued,
@@ -113,13 +116,12 @@ def preview_rows(args: argparse.Namespace, tokenizer) -> RowsPreview:
 def split_row(
     number: int, inputs: list[int], labels: list[int], positions: list[int], eos_id: int, continued: bool
 ) -> PackedRow:
-    """A row cut where its positions restart at 0 (a document starts there); the padding is the last part,
-    EOS inputs none of whose labels is trained: no document is like that (each has a trained label)."""
+    """A row cut where its positions restart at 0 (a document starts there) or continue a prompt (a preference
+    pair's rejected completion, ``data.preference``); the padding is the last part, EOS inputs none of whose
+    labels is trained: no document is like that (each has a trained label)."""
     from torchtitan.components.loss import IGNORE_INDEX
 
-    from qwen3_titan_common.data.packing import document_starts
-
-    starts = document_starts(positions).tolist()
+    starts = [k for k, p in enumerate(positions) if k == 0 or p == 0 or p != positions[k - 1] + 1]
     documents, padding = [], 0
     for start, end in zip(starts, [*starts[1:], len(inputs)], strict=True):
         part_inputs, part_labels = inputs[start:end], labels[start:end]
@@ -131,7 +133,11 @@ def split_row(
         if is_padding:
             padding = end - start
         else:
-            documents.append(PackedDocument(start, part_inputs, part_labels, continued and start == 0))
+            documents.append(
+                PackedDocument(
+                    start, part_inputs, part_labels, continued and start == 0, prompt_from=positions[start]
+                )
+            )
     return PackedRow(number, documents, padding)
 
 
@@ -186,15 +192,21 @@ def decoded_with_offsets(ids: list[int], decode: Decode) -> tuple[str, list[tupl
 
 
 def _row_report(row: PackedRow, decode: Decode, color: bool) -> str:
-    documents = "document" if len(row.documents) == 1 else "documents"
+    count = sum(not d.prompt_from for d in row.documents)  # a pair's rejected continuation is part of its doc
+    documents = "document" if count == 1 else "documents"
     used = sum(len(d.inputs) for d in row.documents)
     lines = [
-        f"== row {row.number}: {len(row.documents)} {documents}, {used} tokens + {row.padding} padding, "
-        f"{row.trained} trained"
+        f"== row {row.number}: {count} {documents}, {used} tokens + {row.padding} padding, {row.trained} trained"
     ]
     body = []
-    for k, document in enumerate(row.documents):
-        body.append(_marker(f"doc {k + 1}" + (", continued" if document.continued else ""), color))
+    number = 0
+    for document in row.documents:
+        if document.prompt_from:
+            label = f"doc {number}, rejected: continues its prompt at position {document.prompt_from}"
+        else:
+            number += 1
+            label = f"doc {number}" + (", continued" if document.continued else "")
+        body.append(_marker(label, color))
         body.append(highlighted(document_view(document, decode), color))
     text = "".join(body)
     if row.padding:
@@ -220,7 +232,7 @@ def _styled(text: str, style: str, color: bool) -> str:
 def _rows_summary(preview: RowsPreview) -> str:
     positions = len(preview.rows) * preview.seq_len
     trained = sum(row.trained for row in preview.rows)
-    documents = sum(len(row.documents) for row in preview.rows)
+    documents = sum(not d.prompt_from for row in preview.rows for d in row.documents)
     shown = (
         f"{len(preview.rows)} {'row' if len(preview.rows) == 1 else 'rows'} of {preview.seq_len} positions"
     )

@@ -19,6 +19,7 @@ class PreviewRow:
     text: str
     offsets: list[tuple[int, int]]
     dropped: int = 0  # tokens cut by --seq-len
+    title: str = ""  # what the row is, where a record gives several kinds (a pair's chosen and rejected)
 
 
 def dataloader_config(args: argparse.Namespace, **more):

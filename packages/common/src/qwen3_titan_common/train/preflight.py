@@ -423,8 +423,21 @@ def _check_data(config, layout: Layout) -> None:
     from qwen3_titan_common.data.first_records import check_first_records
     from qwen3_titan_common.data.loader import TextChatDataLoader
 
-    if isinstance(config.dataloader, TextChatDataLoader.Config):
-        check_first_records(config.dataloader)
+    if not isinstance(config.dataloader, TextChatDataLoader.Config):
+        return
+    record_format = check_first_records(config.dataloader)
+    dataset = config.dataloader.dataset
+    objective = getattr(config, "objective", "sft")
+    if record_format == "preference" and objective != "dpo":
+        raise UserInputError(
+            f"--dataloader.dataset '{dataset}' holds preference pairs ('chosen', 'rejected'): train them with "
+            "--objective dpo (docs/preference.md)"
+        )
+    if objective == "dpo" and record_format != "preference":
+        raise UserInputError(
+            f"--objective dpo: --dataloader.dataset '{dataset}' holds {record_format} records; preference training "
+            "reads pairs with 'chosen' and 'rejected' fields (docs/preference.md)"
+        )
 
 
 def check_run(config, world_size: int | None = None, *, deferred: list[str] | None = None) -> Layout:

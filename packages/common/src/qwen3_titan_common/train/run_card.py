@@ -41,6 +41,12 @@ def _data(config) -> str:
     return f"`{dataset}`" + (f" ({fmt})" if fmt != "auto" else "")
 
 
+def _objective(config) -> str:
+    if getattr(config, "objective", "sft") != "dpo":
+        return "next-token prediction (supervised fine-tuning)"
+    return f"DPO on preference pairs: {config.dpo.describe()}; reference: the starting model"
+
+
 def _command(config) -> str:
     return config.launcher.command or shlex.join(["torchrun", "...", "-m", "torchtitan.train", *sys.argv[1:]])
 
@@ -71,5 +77,6 @@ def run_card(trainer, step: int) -> str:
         loss_step=progress.last_step,
         dtype=str(trainer.checkpointer.hf_export.dtype).removeprefix("torch."),
         command=_command(config),
+        objective=_objective(config),
     )
     return str(model_card(facts))

@@ -146,6 +146,13 @@ class ModelBounds:
             passes * qwen3_forward_lengths(self.architecture, seq_len), self.logit_scale, dtype
         )
 
+    def log_ratio_atol(self, *, tokens: int, seq_len: int, passes: int = 1, dtype=torch.float32) -> float:
+        """The bound on a preference pair's ``h`` (``components.preference``) between two computations of it:
+        each of its at most ``tokens`` completion tokens' log-probability, for the policy and the reference,
+        moves by twice a logit's bound (the log-sum-exp by at most the largest logit's error), independent
+        roundings adding in quadrature (the module's rule). ``passes`` as for :meth:`loss_atol`."""
+        return math.sqrt(2 * tokens) * 2 * self.logit_atol(seq_len=seq_len, passes=passes, dtype=dtype)
+
     def loss_atol(
         self, loss: float, *, tokens: int, seq_len: int, passes: int = 1, dtype=torch.float32
     ) -> float:

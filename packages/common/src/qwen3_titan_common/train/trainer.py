@@ -10,8 +10,9 @@
                                 float32, bfloat16 or float16
     --hf.max_shard_size S       e.g. 5GB (default), 500MB
 
-a ``lora`` section (``--lora.rank R`` ...: LoRA fine-tuning with peft adapters, ``train.lora``) and a
-``moe`` section (``--moe.router_aux_loss on`` ...: Qwen3-MoE's router balance loss, ``components.router_balance``).
+a ``lora`` section (``--lora.rank R`` ...: LoRA fine-tuning with peft adapters, ``train.lora``), a
+``moe`` section (``--moe.router_aux_loss on`` ...: Qwen3-MoE's router balance loss, ``components.router_balance``),
+and ``--objective dpo`` with its ``dpo`` section (preference training, ``components.preference``).
 
 Every backend's config functions return this Config (or a backend's subclass), so the flags are the
 same for all of them; a backend supplies ``model_spec_builder`` to rebuild its model from a
@@ -52,6 +53,13 @@ from qwen3_titan_common.components.model_record import (
     model_record,
     schedule_changes,
     schedule_of,
+)
+from qwen3_titan_common.components.preference import (
+    Objective,
+    PreferenceLoss,
+    PreferenceOptions,
+    take_preference_batch,
+    with_preference_loss,
 )
 from qwen3_titan_common.components.router_balance import (
     LMLossWithRouterBalance,
@@ -133,6 +141,9 @@ class Qwen3Trainer(Trainer):
         hf: HFCheckpointConfig = field(default_factory=HFCheckpointConfig)
         lora: LoRAOptions = field(default_factory=LoRAOptions)
         moe: MoEOptions = field(default_factory=MoEOptions)
+        objective: Objective = "sft"
+        """sft: next-token loss on the trained tokens; dpo: preference pairs (--dpo.*, docs/preference.md)."""
+        dpo: PreferenceOptions = field(default_factory=PreferenceOptions)
         launcher: LauncherOptions = field(default_factory=LauncherOptions)
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
@@ -180,6 +191,11 @@ class Qwen3Trainer(Trainer):
         if isinstance(self.loss_fn, TrainedTokenLoss):
             # Its output projection runs outside the model's forward, in the model's compute dtype.
             self.loss_fn.compute_dtype = model_compute_dtype(self.model_parts[0])
+        if isinstance(self.loss_fn, PreferenceLoss):
+            self.loss_fn.bind(
+                self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+            )
+            self.metrics_processor.preference = self.loss_fn
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
         self.first_trained_step: int | None = None
         logger.info(describe_trainable(self.model_parts, self.optimizers))
@@ -288,17 +304,30 @@ class Qwen3Trainer(Trainer):
         return inputs, labels, extra
 
     def batch_generator(self, data_iterable):
-        """torchtitan's batches, each one's trained tokens (labels not ignored) counted for the step line."""
+        """torchtitan's batches, each one's trained tokens (labels not ignored; a preference row's completion
+        tokens) counted for the step line."""
         from torchtitan.components.loss import IGNORE_INDEX
 
         for input_dict, labels in super().batch_generator(data_iterable):
-            self.metrics_processor.trained_tokens_since_last_log += int((labels != IGNORE_INDEX).sum())
+            trained = input_dict.get("dpo_targets", labels)
+            self.metrics_processor.trained_tokens_since_last_log += int((trained != IGNORE_INDEX).sum())
             yield input_dict, labels
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+        """torchtitan's, with a row of preference pairs' targets and records handed to the preference loss
+        rather than to the model."""
+        if isinstance(self.loss_fn, PreferenceLoss):
+            if isinstance(input_dict, list):
+                raise RuntimeError("preference training runs without pipeline parallelism")
+            self.loss_fn.set_batch(take_preference_batch(input_dict))
+        return super().forward_backward_step(
+            input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+        )
 
     def train_step(self, data_iterator) -> None:
         if self.first_trained_step is None:
             self.first_trained_step = self.step
-        if isinstance(self.loss_fn, LMLossWithRouterBalance):
+        if isinstance(self.loss_fn, LMLossWithRouterBalance | PreferenceLoss):
             self.loss_fn.start_step()
         super().train_step(data_iterator)
         interval = self.config.hf.export_interval
@@ -336,6 +365,10 @@ class Qwen3Trainer(Trainer):
         config = self.config
         sl.log_trace_instant("training_start")
         self.checkpointer.load(step=config.checkpoint.load_step)
+        if isinstance(self.loss_fn, PreferenceLoss):
+            from qwen3_titan_common.train.preference import reference_logps
+
+            self.loss_fn.reference = reference_logps(self)
         started_after = self.step
         logger.info(f"Training starts at step {started_after + 1}")
         with config.profiler.build(global_step=self.step, base_folder=config.dump_folder) as profiler:
@@ -507,7 +540,7 @@ def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Tr
     changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
     where = f"{model_dir.path}/config.json" if model_dir is not None else "the model's config.json"
     config = with_router_balance(dataclasses.replace(config, **changes), where)
-    config = with_trained_token_loss(config)
+    config = with_trained_token_loss(with_preference_loss(config, titan_utils.device_type))
     config = with_expert_exchange(config, titan_utils.device_type)
     config = with_document_context_parallel(config)
     return start, with_lora(config, start)

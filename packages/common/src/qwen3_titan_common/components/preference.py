@@ -1,0 +1,375 @@
+"""Preference training (``--objective dpo``): the ``--dpo.*`` section and the DPO loss.
+
+    --objective dpo              train on preference pairs (``data.preference``) instead of next tokens
+    --dpo.beta B                 the DPO temperature (default 0.1, TRL's)
+    --dpo.loss_type T            sigmoid (default, DPO) or ipo
+    --dpo.label_smoothing S      sigmoid only: the chance a pair's labels are swapped (cDPO; default 0)
+    --dpo.sft_weight W           adds W x the chosen completion's mean token NLL per pair (default 0)
+    --dpo.share_prompt M         auto (default: where the attention is ours, block-sparse), on or off: a packed
+                                 pair's prompt computed once, the rejected completion continuing it
+
+Per pair, with ``pi_c``/``pi_r`` the policy's summed log-probabilities of the chosen and rejected
+completions' tokens and ``ref_c``/``ref_r`` the reference model's, ``h = (pi_c - ref_c) - (pi_r - ref_r)``:
+
+- sigmoid: ``-(1 - s) log sigmoid(beta h) - s log sigmoid(-beta h)``;
+- ipo: ``(h - 1 / (2 beta))^2`` with each log-probability averaged over its completion's tokens (as TRL
+  computes IPO).
+
+The loss is the mean over the global batch's pairs: the rows' labels mark one token per pair
+(``data.preference.pair_markers``), so torchtitan's own count of valid labels, over data-parallel ranks and
+micro-batches, is the number of pairs it divides by. The step line's ``loss:`` is that mean; ``acc:`` is the
+share of pairs whose chosen reward is above the rejected one's, ``margin:`` the mean difference of the two,
+a reward being ``beta (pi - ref)`` of summed log-probabilities whatever the loss (TRL's
+``rewards/accuracies`` and ``rewards/margins``, IPO included); TensorBoard also gets the mean rewards of the
+chosen and rejected completions.
+
+How the gradient is computed without whole logits: DPO's loss is not a sum over tokens, so torchtitan's
+chunked loss cannot compute it chunk by chunk directly. A first pass computes every trained token's
+log-probability without gradients (chunk by chunk); the pairs' losses then give each token's weight,
+``dL/dlog p``, and the second pass is torchtitan's :class:`ChunkedLossWrapper` on the weighted token NLL,
+whose gradient is exactly the DPO loss's. Both passes see only the completions' tokens (the trained positions).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torchtitan.components.loss import IGNORE_INDEX, BaseLoss
+from torchtitan.config import CompileConfig
+
+from qwen3_titan_common.components.loss import TrainedTokenLoss
+from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.perf.precision import compute_autocast
+
+Objective = Literal["sft", "dpo"]
+LossType = Literal["sigmoid", "ipo"]
+# Input keys a row of preference pairs carries beside the model's own (``data.dataset.sample_of``).
+TARGETS_KEY, RECORDS_KEY = "dpo_targets", "dpo_records"
+
+
+@dataclass(kw_only=True, slots=True)
+class PreferenceOptions:
+    beta: float = 0.1
+    """The DPO temperature: how far the policy's log-ratios are scaled (TRL's default 0.1)."""
+
+    loss_type: LossType = "sigmoid"
+    """sigmoid (DPO) or ipo."""
+
+    label_smoothing: float = 0.0
+    """sigmoid only: the assumed chance that a pair's chosen and rejected are swapped (cDPO), in [0, 0.5)."""
+
+    sft_weight: float = 0.0
+    """Weight of an added SFT term: the chosen completion's mean token NLL, averaged over pairs (0: none)."""
+
+    share_prompt: Literal["auto", "on", "off"] = "auto"
+    """Packed pairs compute their prompt once, the rejected completion continuing it (auto: where the model's
+    attention is the block-sparse per-document one, which reads continuations; off: each completion with its
+    own copy of the prompt)."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.beta) and self.beta > 0):
+            raise UserInputError(f"--dpo.beta {self.beta}: expected a positive number (TRL's default is 0.1)")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise UserInputError(
+                f"--dpo.label_smoothing {self.label_smoothing}: expected a chance in [0, 0.5) that a pair's labels "
+                "are swapped (0.5 would make every pair carry no signal)"
+            )
+        if self.label_smoothing and self.loss_type != "sigmoid":
+            raise UserInputError(
+                f"--dpo.label_smoothing {self.label_smoothing}: label smoothing is the sigmoid loss's (cDPO), not "
+                f"--dpo.loss_type {self.loss_type}'s"
+            )
+        if not (math.isfinite(self.sft_weight) and self.sft_weight >= 0):
+            raise UserInputError(f"--dpo.sft_weight {self.sft_weight}: expected a weight >= 0")
+
+    def describe(self) -> str:
+        text = f"{self.loss_type} loss, beta {self.beta:g}"
+        if self.label_smoothing:
+            text += f", label smoothing {self.label_smoothing:g}"
+        if self.sft_weight:
+            text += f", + {self.sft_weight:g} x chosen NLL"
+        return text
+
+
+@dataclass(frozen=True)
+class PairLayout:
+    """Where a batch's pairs are: per trained token, its pair and side (0 chosen, 1 rejected).
+
+    In a row of pairs the sequences holding trained tokens come chosen, rejected, chosen, ...; a sequence
+    starts where the positions do not go on from the token before: a restart at 0, or a rejected completion
+    continuing its prompt (``data.preference``)."""
+
+    trained_BL: torch.Tensor
+    pair_N: torch.Tensor
+    side_N: torch.Tensor
+    records_P: torch.Tensor
+    pairs: int
+
+    @staticmethod
+    def of(targets_BL: torch.Tensor, positions_BL: torch.Tensor, records_BL: torch.Tensor) -> PairLayout:
+        trained_BL = targets_BL != IGNORE_INDEX
+        starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
+        starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
+        sequence_BL = torch.cumsum(starts_BL.reshape(-1).to(torch.int64), 0).reshape(targets_BL.shape)
+        sequence_N = sequence_BL[trained_BL]
+        starts_N = torch.ones_like(sequence_N, dtype=torch.bool)
+        starts_N[1:] = sequence_N[1:] != sequence_N[:-1]
+        order_N = torch.cumsum(starts_N.to(torch.int64), 0) - 1
+        sequences = int(order_N[-1]) + 1 if order_N.numel() else 0
+        if sequences % 2:
+            raise RuntimeError(
+                f"a batch of preference rows holds {sequences} trained sequences, not whole pairs"
+            )
+        records_P = records_BL[trained_BL][starts_N][0::2]
+        return PairLayout(trained_BL, order_N // 2, order_N % 2, records_P, sequences // 2)
+
+    def sums(self, values_N: torch.Tensor) -> torch.Tensor:
+        """Per pair, the chosen and the rejected completion's sum of ``values_N``: (pairs, 2)."""
+        out = values_N.new_zeros(self.pairs, 2)
+        return out.index_put((self.pair_N, self.side_N), values_N, accumulate=True)
+
+
+@dataclass(frozen=True)
+class PreferenceBatch:
+    """What the trainer takes out of a row of pairs for the loss: token targets and their records."""
+
+    targets_BL: torch.Tensor
+    records_BL: torch.Tensor
+    positions_BL: torch.Tensor
+
+
+def take_preference_batch(input_dict: dict[str, torch.Tensor]) -> PreferenceBatch | None:
+    """The preference inputs, popped from ``input_dict`` (the model does not take them); None in other rows."""
+    if TARGETS_KEY not in input_dict:
+        return None
+    return PreferenceBatch(input_dict.pop(TARGETS_KEY), input_dict.pop(RECORDS_KEY), input_dict["positions"])
+
+
+def preference_losses(
+    policy_P2: torch.Tensor, reference_P2: torch.Tensor, counts_P2: torch.Tensor, options: PreferenceOptions
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per pair: the loss, and ``[h > 0, beta h, reward chosen, reward rejected]`` (detached) for the metrics."""
+    if options.loss_type == "ipo":
+        policy, reference = policy_P2 / counts_P2, reference_P2 / counts_P2
+    else:
+        policy, reference = policy_P2, reference_P2
+    ratio_P2 = policy - reference
+    h_P = ratio_P2[:, 0] - ratio_P2[:, 1]
+    beta = options.beta
+    if options.loss_type == "ipo":
+        losses_P = (h_P - 1 / (2 * beta)) ** 2
+    else:
+        smoothing = options.label_smoothing
+        losses_P = -(1 - smoothing) * F.logsigmoid(beta * h_P) - smoothing * F.logsigmoid(-beta * h_P)
+    if options.sft_weight:
+        losses_P = losses_P - options.sft_weight * policy_P2[:, 0] / counts_P2[:, 0]
+    # The rewards are beta times the summed log-ratios whatever the loss (as TRL logs them, IPO included).
+    rewards_P2 = beta * (policy_P2 - reference_P2).detach()
+    margin_P = rewards_P2[:, 0] - rewards_P2[:, 1]
+    stats_P4 = torch.stack(
+        [(margin_P > 0).to(margin_P.dtype), margin_P, rewards_P2[:, 0], rewards_P2[:, 1]], dim=1
+    )
+    return losses_P, stats_P4
+
+
+def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in fp32 for the log-softmax (fp64 kept: the exactness tests compute in it)."""
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+class WeightedTokenNLL(BaseLoss):
+    """Sum over tokens of ``weights x`` cross-entropy: the second pass of :class:`PreferenceLoss`, whose
+    gradient is the DPO loss's once the weights are ``-dL/dlog p``."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseLoss.Config):
+        pass
+
+    def __init__(self, config: Config, *, compile_config: CompileConfig | None = None):
+        del config, compile_config
+
+    def __call__(self, pred, labels, global_valid_tokens=None, weights=None, **kwargs):
+        nll = F.cross_entropy(
+            _at_least_fp32(pred.flatten(0, -2)),
+            labels.reshape(-1),
+            reduction="none",
+            ignore_index=IGNORE_INDEX,
+        )
+        return (nll * weights.reshape(-1)).sum(), {}
+
+
+class PreferenceLoss(TrainedTokenLoss):
+    """The DPO loss of a batch of pairs (see the module docstring), over their completions' tokens only."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(TrainedTokenLoss.Config):
+        loss_fn: BaseLoss.Config = field(default_factory=WeightedTokenNLL.Config)
+        options: PreferenceOptions = field(default_factory=PreferenceOptions)
+        chunk_tokens: int = 128
+        """Completion tokens per chunk of the output projection: what bounds the logits held at once (at
+        Qwen3's 151,936-token vocabulary, 78 MB in fp32 a buffer), whatever the batch's pairs."""
+
+    def __init__(self, config: Config, *, compile_config: CompileConfig | None = None):
+        super().__init__(config, compile_config=compile_config)
+        self.options = config.options
+        self.chunk_tokens = config.chunk_tokens
+        self.reference = None  # train.preference.ReferenceLogps, set before the first step
+        self._batch: PreferenceBatch | None = None
+        self._stats: torch.Tensor | None = (
+            None  # per step: summed [loss, acc, beta h, reward c, reward r, pairs]
+        )
+        self._group = None
+
+    def bind(self, group) -> None:
+        """The data-parallel group the step's metrics are summed over (None: one rank)."""
+        self._group = group
+
+    def set_batch(self, batch: PreferenceBatch | None) -> None:
+        self._batch = batch
+
+    def start_step(self) -> None:
+        self._stats = None
+
+    def step_metrics(self) -> dict[str, float] | None:
+        """The step's pair metrics over every data-parallel rank (a collective: every rank calls it)."""
+        if self._stats is None:
+            return None
+        total = self._stats.detach().to(torch.float64).clone()
+        if self._group is not None:
+            dist.all_reduce(total, group=self._group)
+        pairs = max(float(total[-1]), 1.0)
+        names = ("loss", "accuracy", "margin", "reward_chosen", "reward_rejected")
+        means = {name: float(value) / pairs for name, value in zip(names, total[:-1], strict=True)}
+        return means | {"pairs": float(total[-1])}
+
+    def token_logps(self, hidden_ND: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
+        """Each token's log-probability under the output projection, chunk by chunk, without gradients."""
+        assert self.lm_head is not None, "PreferenceLoss: lm_head not set"
+        rows = self.chunk_tokens
+        pieces = []
+        with torch.no_grad(), compute_autocast(self.compute_dtype):
+            for h_ND, t_N in zip(hidden_ND.split(rows), targets_N.split(rows), strict=True):
+                logits = _at_least_fp32(self.lm_head(h_ND))
+                pieces.append(-F.cross_entropy(logits, t_N, reduction="none"))
+        return torch.cat(pieces) if pieces else hidden_ND.new_zeros(0)
+
+    def pair_logps(
+        self, hidden_BLD: torch.Tensor, batch: PreferenceBatch
+    ) -> tuple[PairLayout, torch.Tensor, torch.Tensor]:
+        """The layout of the batch's pairs, their summed completion log-probabilities and token counts."""
+        layout = PairLayout.of(batch.targets_BL, batch.positions_BL, batch.records_BL)
+        logp_N = self.token_logps(hidden_BLD.detach()[layout.trained_BL], batch.targets_BL[layout.trained_BL])
+        return layout, layout.sums(logp_N.double()), layout.sums(torch.ones_like(logp_N, dtype=torch.float64))
+
+    def __call__(
+        self,
+        pred: torch.Tensor,
+        labels: torch.Tensor,
+        global_valid_tokens: torch.Tensor | None = None,
+        **loss_inputs: Any,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        batch, self._batch = self._batch, None
+        if batch is None:
+            raise RuntimeError("PreferenceLoss: called without the batch's pairs (Qwen3Trainer sets them)")
+        if self.reference is None:
+            raise RuntimeError("PreferenceLoss: called before the reference log-probabilities were set")
+        layout, policy_P2, counts_P2 = self.pair_logps(pred, batch)
+        policy_P2.requires_grad_(True)
+        reference_P2 = self.reference.lookup(layout.records_P).to(policy_P2)
+        with torch.enable_grad():
+            losses_P, stats_P4 = preference_losses(policy_P2, reference_P2, counts_P2, self.options)
+            divisor = global_valid_tokens if global_valid_tokens is not None else max(layout.pairs, 1)
+            value = losses_P.sum() / divisor
+        self._keep_stats(losses_P.detach(), stats_P4, layout.pairs)
+        if not pred.requires_grad:
+            return value.detach().float(), {}
+        if not layout.pairs:
+            # Rows of padding only (the end of a finite run): a zero gradient, through every layer all the same,
+            # so that each rank's backward runs the same collectives.
+            return value.detach().float() + 0 * pred.sum(), {}
+        (grad_P2,) = torch.autograd.grad(value, policy_P2)
+        weights_N = -grad_P2[layout.pair_N, layout.side_N].to(torch.promote_types(pred.dtype, torch.float32))
+        hidden_ND = pred[layout.trained_BL]
+        targets_N = batch.targets_BL[layout.trained_BL]
+        # torchtitan's chunked loss splits into equal chunks: as many as keep each within chunk_tokens.
+        self.num_chunks = max(1, -(-targets_N.numel() // self.chunk_tokens))
+        padded = max(1, -(-targets_N.numel() // self.num_chunks)) * self.num_chunks
+        weights = torch.cat([weights_N, weights_N.new_zeros(padded - weights_N.numel())])[None]
+        surrogate, _ = self._chunked_loss(hidden_ND, targets_N, None, weights=weights)
+        return value.detach().float() + (surrogate - surrogate.detach()), {}
+
+    def _keep_stats(self, losses_P: torch.Tensor, stats_P4: torch.Tensor, pairs: int) -> None:
+        sums = torch.cat([losses_P.sum()[None], stats_P4.sum(0), losses_P.new_tensor([pairs])]).double()
+        self._stats = sums if self._stats is None else self._stats + sums
+
+
+def with_preference_loss(config, device_type: str):
+    """``config`` with the DPO loss where ``--objective dpo`` asks for it (``config`` itself otherwise); what
+    preference training does not run with yet is refused in one line, and validation is turned off in one."""
+    from torchtitan.tools.logging import logger
+
+    if config.objective != "dpo":
+        return config
+    parallelism = config.parallelism
+    for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
+        value = getattr(parallelism, name, 1)
+        if value > 1:
+            raise UserInputError(
+                f"--parallelism.{name} {value}: --objective dpo runs with data (FSDP/HSDP) and expert parallelism "
+                "so far; use 1 (docs/preference.md)"
+            )
+    if device_type == "neuron":
+        raise UserInputError(
+            "--objective dpo: preference training selects each batch's completion tokens, a shape Neuron would "
+            "compile a graph for at every step; it runs on CPU and CUDA so far (docs/preference.md)"
+        )
+    if config.moe.router_aux_loss == "on":
+        raise UserInputError(
+            "--moe.router_aux_loss on: the router balance loss is not added to the preference loss; drop the flag "
+            "with --objective dpo"
+        )
+    changes: dict[str, Any] = {
+        "loss": PreferenceLoss.Config(options=config.dpo),
+        "dataloader": _with_prompt_layout(config),
+    }
+    if getattr(config.validator, "enable", False):
+        logger.info(
+            "[dpo] validation off: held-out pairs are not yet reported (the run's own pairs' accuracy and margin "
+            "are in every step line)"
+        )
+        changes["validator"] = dataclasses.replace(config.validator, enable=False)
+    shared = getattr(changes["dataloader"], "share_prompt", False)
+    layout = "prompt computed once per pair" if shared else "each completion with its own copy of the prompt"
+    logger.info(f"[dpo] preference training: {config.dpo.describe()}; {layout} (--dpo.*)")
+    return dataclasses.replace(config, **changes)
+
+
+def _with_prompt_layout(config):
+    """The run's loader config with the pairs' prompt shared where ``--dpo.share_prompt`` and the model allow."""
+    from qwen3_titan_common.models.attention import uses_document_blocks
+
+    loader, asked = config.dataloader, config.dpo.share_prompt
+    if not hasattr(loader, "share_prompt") or asked == "off":
+        return loader
+    readable = uses_document_blocks(config.model_spec.model)
+    if asked == "on" and not readable:
+        raise UserInputError(
+            "--dpo.share_prompt on: this model's attention (torchtitan's Flex or varlen, or transformers' SDPA mask) "
+            "knows documents only, not a completion that continues a prompt; use the block-sparse attention, or "
+            "--dpo.share_prompt off"
+        )
+    if not readable:
+        return loader
+    if not loader.packing:
+        if asked == "on":
+            raise UserInputError(
+                "--dpo.share_prompt on: --dataloader.no-packing puts one pair per row as two sequences; drop one"
+            )
+        return loader
+    return dataclasses.replace(loader, share_prompt=True)

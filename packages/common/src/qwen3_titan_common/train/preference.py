@@ -1,0 +1,156 @@
+"""The reference of preference training: each pair's log-probabilities under the model training starts from.
+
+DPO compares the policy's log-probabilities with a reference model's. Rather than keep a second model in
+memory and run it every step, the starting model computes every pair's once, before step 1 (one forward pass
+over the training pairs, in file order, dealt to the data-parallel ranks as training deals rows), and the
+table goes to ``<dump_folder>/reference_logps.safetensors``: per record of the training data, the chosen and
+rejected completions' summed log-probabilities. A resumed run reads it back (its weights have moved since;
+recomputing would change the reference), and refuses one written for other data.
+
+The values are those of the step-1 forward up to the order of floating-point sums: the same model, the same
+per-document attention, in the training's own context (``train_context``), without gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torchtitan.tools.logging import logger
+
+from qwen3_titan_common.components.preference import PreferenceLoss, take_preference_batch
+from qwen3_titan_common.data.dataset import RecordStreamDataset
+from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.perf.progress import Phase
+
+REFERENCE_FILE = "reference_logps.safetensors"
+_FORMAT = "1"
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceLogps:
+    """Per record of the training data: the reference's summed log-probabilities of chosen and rejected."""
+
+    table_R2: torch.Tensor  # float64, on the CPU
+    seen_R: torch.Tensor  # bool: the record was a usable pair (bad records are never trained)
+    _on_device: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def lookup(self, records_P: torch.Tensor) -> torch.Tensor:
+        device = records_P.device
+        if device not in self._on_device:
+            self._on_device[device] = self.table_R2.to(device)
+        return self._on_device[device][records_P]
+
+    @property
+    def pairs(self) -> int:
+        return int(self.seen_R.sum())
+
+    def save(self, path: Path, metadata: dict[str, str]) -> None:
+        """Written whole or not at all (a temporary file renamed over)."""
+        temporary = path.with_name(f".{path.name}.partial")
+        tensors = {
+            "chosen": self.table_R2[:, 0].contiguous(),
+            "rejected": self.table_R2[:, 1].contiguous(),
+            "seen": self.seen_R.to(torch.uint8),
+        }
+        save_file(tensors, str(temporary), metadata={**metadata, "format": _FORMAT})
+        os.replace(temporary, path)
+
+    @staticmethod
+    def load(path: Path, expected: dict[str, str]) -> ReferenceLogps:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            found = {key: metadata.get(key) for key in expected}
+            if found != expected:
+                differs = ", ".join(
+                    f"{k} {found[k]!r} (this run: {v!r})" for k, v in expected.items() if found[k] != v
+                )
+                raise UserInputError(
+                    f"{path}: the reference log-probabilities were computed for other data ({differs}); resume with "
+                    "the data the run started with, or use a new --dump_folder"
+                )
+            table = torch.stack([f.get_tensor("chosen"), f.get_tensor("rejected")], dim=1)
+            return ReferenceLogps(table, f.get_tensor("seen").bool())
+
+
+def reference_metadata(dataset: RecordStreamDataset) -> dict[str, str]:
+    return {"dataset": dataset.source.name, "records": str(len(dataset.source))}
+
+
+def reference_logps(trainer) -> ReferenceLogps:
+    """The run's reference: read back when resuming, else computed now by the model as loaded."""
+    dataset: RecordStreamDataset = trainer.dataloader.dataset
+    path = Path(trainer.config.dump_folder) / REFERENCE_FILE
+    expected = reference_metadata(dataset)
+    if trainer.step > 0:
+        if not path.is_file():
+            raise UserInputError(
+                f"{path} is missing: a preference run resumed at step {trainer.step} needs the reference "
+                "log-probabilities its first step computed (the weights have moved since); use a new --dump_folder"
+            )
+        reference = ReferenceLogps.load(path, expected)
+        logger.info(f"[dpo] reference log-probabilities of {reference.pairs:,} pairs read from {path}")
+        return reference
+    started = time.perf_counter()
+    reference, stream = _compute(trainer, dataset)
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        reference.save(path, expected)
+    if dist.is_initialized():
+        dist.barrier()
+    identical = (
+        f"; {stream.identical_pairs:,} with identical chosen and rejected (no signal)"
+        if stream.identical_pairs
+        else ""
+    )
+    skipped = f"; {stream.skipped.count:,} bad record(s) skipped" if stream.skipped.count else ""
+    logger.info(
+        f"[dpo] reference log-probabilities of {reference.pairs:,} pairs computed by the starting model in "
+        f"{time.perf_counter() - started:.1f} s{identical}{skipped}; kept in {path} (a resume reads them)"
+    )
+    return reference
+
+
+def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, RecordStreamDataset]:
+    loss: PreferenceLoss = trainer.loss_fn
+    stream = RecordStreamDataset(
+        dataset.source,
+        dataset.tokens,
+        dataclasses.replace(dataset.settings, shuffle=False, infinite=False),
+        dp_rank=dataset.dp_rank,
+        dp_world_size=dataset.dp_world_size,
+        local_batch_size=dataset.local_batch_size,
+    )
+    records = len(dataset.source)
+    table_R2 = torch.zeros(records, 2, dtype=torch.float64, device=trainer.device)
+    seen_R = torch.zeros(records, dtype=torch.float64, device=trainer.device)
+    model = trainer.model_parts[0]
+    tokens_seen = trainer.ntokens_seen
+    samples = iter(stream)
+    with Phase(f"reference log-probabilities of {records:,} records"):
+        while True:
+            rows = [sample for _, sample in zip(range(dataset.local_batch_size), samples, strict=False)]
+            if not rows:
+                break
+            input_dict = {k: torch.stack([r[0][k] for r in rows]).to(trainer.device) for k in rows[0][0]}
+            markers = torch.stack([r[1] for r in rows]).to(trainer.device)
+            batch = take_preference_batch(input_dict)
+            assert batch is not None
+            inputs, _, extra = trainer.post_dataloading_process(input_dict, markers)
+            with torch.no_grad(), trainer.train_context():
+                hidden = model(inputs, **extra)
+            layout, sums_P2, _ = loss.pair_logps(hidden, batch)
+            table_R2[layout.records_P] = sums_P2.to(table_R2)
+            seen_R[layout.records_P] = 1.0
+    trainer.ntokens_seen = tokens_seen
+    if trainer.parallel_dims.dp_enabled:
+        group = trainer.parallel_dims.get_mesh("batch").get_group()
+        dist.all_reduce(table_R2, group=group)
+        dist.all_reduce(seen_R, group=group)
+    return ReferenceLogps(table_R2.cpu(), seen_R.cpu() > 0), stream
