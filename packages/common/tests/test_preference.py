@@ -297,3 +297,75 @@ def test_parquet_message_pairs_and_identical_pairs(tmp_path, tokens):
     layout = PairLayout.of(inputs["dpo_targets"], inputs["positions"], inputs["dpo_records"])
     assert layout.pairs == 2 and int((markers != IGNORE_INDEX).sum()) == 2
     assert loader.dataset.identical_pairs == 1
+
+
+@pytest.mark.parametrize("share_prompt", [False, True])
+def test_a_pairs_length_is_what_its_document_takes(tokens, share_prompt):
+    """The length checked against the row is the document's (a message pair's sequences get an EOS appended)."""
+    sharing = PreferenceTokenizer(tokens, ChatTokenizer(tokens), share_prompt)
+    prompt = [{"role": "user", "content": "Name a colour, please."}]
+    for record in (
+        {"prompt": prompt, "chosen": [{"role": "assistant", "content": "Blue."}],
+         "rejected": [{"role": "assistant", "content": "Seven."}]},
+        {"prompt": "What is 2+2?", "chosen": " 4", "rejected": " 5"},
+    ):  # fmt: skip
+        pair = sharing.pair(record, SEQ_LEN)
+        length = sum(pair.lengths(tokens.eos_id, share_prompt))
+        assert len(pair.document(tokens.eos_id, 0, share_prompt)) == length
+        sharing.pair(record, length)  # fits exactly
+        with pytest.raises(InvalidRecord, match="longer than a row"):
+            sharing.pair(record, length - 1)
+
+
+def test_a_tool_call_turn_with_null_content_is_one_line(pairs):
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+    }
+    record = {"prompt": [{"role": "user", "content": "Q"}], "chosen": [call], "rejected": [call]}
+    try:
+        pairs.pair(record, SEQ_LEN)
+    except InvalidRecord as err:
+        assert "\n" not in str(err)  # the embedded template writes no tool calls: refused in one line
+
+
+def test_a_record_the_reference_pass_did_not_see_is_refused():
+    reference = ReferenceLogps(torch.zeros(3, 2, dtype=torch.float64), torch.tensor([True, False, True]))
+    assert reference.lookup(torch.tensor([0, 2])).shape == (2, 2)
+    with pytest.raises(UserInputError, match=r"records \[1\] of the data have no reference"):
+        reference.lookup(torch.tensor([0, 1]))
+
+
+def test_rows_of_padding_only_train_nothing_and_still_project():
+    """The end of a finite run: a batch without pairs gives loss 0 and zero gradients, through the output
+    projection's chunked pass like any other batch."""
+    lm_head = torch.nn.Linear(8, 20, bias=False)
+    hidden = torch.randn(1, 16, 8, requires_grad=True)
+    batch = PreferenceBatch(
+        torch.full((1, 16), IGNORE_INDEX), torch.full((1, 16), -1), torch.arange(16)[None]
+    )
+    loss_fn = PreferenceLoss.Config().build()
+    loss_fn.set_lm_head(lm_head)
+    loss_fn.reference = ReferenceLogps(
+        torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, dtype=torch.bool)
+    )
+    loss_fn.set_batch(batch)
+    loss, _ = loss_fn(hidden, torch.full((1, 16), IGNORE_INDEX), torch.tensor(4))
+    loss.backward()
+    assert float(loss) == 0.0 and not hidden.grad.any()
+    assert lm_head.weight.grad is not None and not lm_head.weight.grad.any()
+
+
+def test_the_reference_file_is_read_back_only_for_the_same_data(tmp_path):
+    path = tmp_path / "reference_logps.safetensors"
+    table = torch.tensor([[-3.0, -4.0], [-5.0, -6.0]], dtype=torch.float64)
+    written = {"dataset": "pairs.jsonl", "records": "2", "seq_len": "256"}
+    ReferenceLogps(table, torch.tensor([True, True])).save(path, written)
+    assert not list(tmp_path.glob(".*partial"))  # written whole, then renamed
+    read = ReferenceLogps.load(path, written)
+    assert torch.equal(read.table_R2, table) and read.pairs == 2
+    with pytest.raises(
+        UserInputError, match=r"computed for other data \(seq_len '256' \(this run: '512'\)\)"
+    ):
+        ReferenceLogps.load(path, {**written, "seq_len": "512"})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
-from qwen3_titan_testing.preference import DPO, EXACT, LORA, assert_starts_at_ln2
+from qwen3_titan_testing.preference import EXACT, LORA, assert_starts_at_ln2, dpo_flags
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "hf-v5-backend"}
@@ -22,7 +22,17 @@ ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "hf-v5-
 )
 def test_dpo_starts_at_ln2(tmp_path, flags, layout):
     source = make_tiny_checkpoint(tmp_path / "source")
-    args = [*DPO, "--hf-model", str(source), *EXACT, *flags, "--steps", "2", "--out", str(tmp_path / "out")]
+    args = [
+        *dpo_flags(tmp_path),
+        "--hf-model",
+        str(source),
+        *EXACT,
+        *flags,
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     proc = subprocess.run([TRAIN, *args], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]

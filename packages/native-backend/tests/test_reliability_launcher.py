@@ -1021,3 +1021,32 @@ def test_conversion_needs_weights_and_a_checkpoint_folder_without_steps(fails, t
     )
     (tmp_path / "out" / "checkpoint" / "step-4").mkdir(parents=True)
     fails(["--hf-model", str(model), "--hf.to_dcp"], "already holds step-4", "pass another --out")
+
+
+# -- preference training ----------------------------------------------------------------------------
+
+
+def test_dpo_on_text_records(fails):
+    fails(["--objective", "dpo"], "--objective dpo: --dataloader.dataset 'default' holds text records")
+
+
+def test_preference_pairs_without_dpo(fails):
+    fails(
+        ["--dataloader.dataset", "default-pairs"],
+        "holds preference pairs ('chosen', 'rejected'): train them with --objective dpo",
+        "--dataloader.format chat|text",
+    )
+
+
+def test_dpo_with_a_layout_it_does_not_run(fails):
+    fails(
+        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--nproc", "2",
+         "--parallelism.tensor_parallel_degree", "2"],
+        "--parallelism.tensor_parallel_degree 2: --objective dpo runs with data (FSDP/HSDP) and expert parallelism",
+    )  # fmt: skip
+
+
+def test_dpo_values_no_one_can_mean(fails):
+    fails(
+        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--dpo.beta", "0"], "--dpo.beta 0.0"
+    )

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.assets import default_pairs_path
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_common.train.tolerance import ModelBounds
 
@@ -17,16 +18,20 @@ TRAIN = str(Path(sys.executable).with_name("train"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "nki-moe-backend"}
 SEQ_LEN, BETA, STEPS = 256, 0.1, 3
 PRINTED_LOSS, PRINTED_MARGIN = 0.5e-5, 0.5e-4
+PAIRS = 64  # of the embedded set: the reference pass before step 1 reads every pair
 FLAGS = [
-    "--objective", "dpo", "--dataloader.dataset", "default-pairs", "--training.seq_len", str(SEQ_LEN),
-    "--training.mixed_precision_param", "float32", "--debug.seed", "0", "--steps", str(STEPS),
+    "--objective", "dpo", "--training.seq_len", str(SEQ_LEN), "--training.mixed_precision_param", "float32",
+    "--debug.seed", "0", "--steps", str(STEPS),
 ]  # fmt: skip
 
 
 def _train(out: Path, *flags: str) -> str:
+    pairs = out.parent / "pairs.jsonl"
+    if not pairs.exists():
+        pairs.write_text("\n".join(default_pairs_path().read_text().splitlines()[:PAIRS]) + "\n")
     proc = subprocess.run(
-        [TRAIN, *FLAGS, *flags, "--out", str(out)], cwd=out.parent, env=ENV, capture_output=True, text=True,
-        timeout=900,
+        [TRAIN, *FLAGS, "--dataloader.dataset", str(pairs), *flags, "--out", str(out)], cwd=out.parent, env=ENV,
+        capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]

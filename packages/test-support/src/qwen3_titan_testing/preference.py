@@ -13,9 +13,20 @@ SEQ_LEN = 256
 BETA = 0.1
 PRINTED_LOSS = 0.5e-5  # a step line's loss has 5 decimals
 PRINTED_MARGIN = 0.5e-4  # and its margin 4
+PAIRS = 64  # of the embedded set: the reference pass before step 1 reads every pair
 EXACT = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
-DPO = ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--training.seq_len", str(SEQ_LEN)]
 LORA = ["--lora.rank", "4", "--lora.alpha", "8"]
+
+
+def dpo_flags(folder: Path) -> list[str]:
+    """``--objective dpo`` on the first :data:`PAIRS` embedded pairs, written to ``folder``."""
+    from qwen3_titan_common.assets import default_pairs_path
+
+    path = folder / "pairs.jsonl"
+    if not path.exists():
+        lines = default_pairs_path().read_text().splitlines()[:PAIRS]
+        path.write_text("\n".join(lines) + "\n")
+    return ["--objective", "dpo", "--dataloader.dataset", str(path), "--training.seq_len", str(SEQ_LEN)]
 
 
 def h_bound(model_dir: Path, passes: int) -> float:

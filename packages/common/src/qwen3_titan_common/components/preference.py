@@ -250,13 +250,27 @@ class PreferenceLoss(TrainedTokenLoss):
 
     def token_logps(self, hidden_ND: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
         """Each token's log-probability under the output projection, chunk by chunk, without gradients."""
-        assert self.lm_head is not None, "PreferenceLoss: lm_head not set"
+        from torch.distributed.fsdp import FSDPModule
+
+        lm_head = self.lm_head
+        assert lm_head is not None, "PreferenceLoss: lm_head not set"
         rows = self.chunk_tokens
         pieces = []
-        with torch.no_grad(), compute_autocast(self.compute_dtype):
-            for h_ND, t_N in zip(hidden_ND.split(rows), targets_N.split(rows), strict=True):
-                logits = _at_least_fp32(self.lm_head(h_ND))
-                pieces.append(-F.cross_entropy(logits, t_N, reduction="none"))
+        sharded = isinstance(lm_head, FSDPModule)
+        if sharded:
+            # One all-gather for every chunk (the chunks' count differs between ranks), as torchtitan's chunked
+            # loss keeps it unsharded across its chunks.
+            lm_head.set_reshard_after_forward(False)
+            lm_head.unshard()
+        try:
+            with torch.no_grad(), compute_autocast(self.compute_dtype):
+                for h_ND, t_N in zip(hidden_ND.split(rows), targets_N.split(rows), strict=True):
+                    logits = _at_least_fp32(lm_head(h_ND))
+                    pieces.append(-F.cross_entropy(logits, t_N, reduction="none"))
+        finally:
+            if sharded:
+                lm_head.set_reshard_after_forward(True)
+                lm_head.reshard()
         return torch.cat(pieces) if pieces else hidden_ND.new_zeros(0)
 
     def pair_logps(
@@ -289,10 +303,8 @@ class PreferenceLoss(TrainedTokenLoss):
         self._keep_stats(losses_P.detach(), stats_P4, layout.pairs)
         if not pred.requires_grad:
             return value.detach().float(), {}
-        if not layout.pairs:
-            # Rows of padding only (the end of a finite run): a zero gradient, through every layer all the same,
-            # so that each rank's backward runs the same collectives.
-            return value.detach().float() + 0 * pred.sum(), {}
+        # Rows of padding only (the end of a finite run) take the same path: no token, padded to one chunk of
+        # ignored rows, so every rank runs the output projection's collectives alike.
         (grad_P2,) = torch.autograd.grad(value, policy_P2)
         weights_N = -grad_P2[layout.pair_N, layout.side_N].to(torch.promote_types(pred.dtype, torch.float32))
         hidden_ND = pred[layout.trained_BL]
@@ -329,10 +341,18 @@ def with_preference_loss(config, device_type: str):
             "--objective dpo: preference training selects each batch's completion tokens, a shape Neuron would "
             "compile a graph for at every step; it runs on CPU and CUDA so far (docs/preference.md)"
         )
-    if config.moe.router_aux_loss == "on":
+    moe = config.moe
+    if moe.router_aux_loss == "on" or moe.router_aux_loss_coef is not None:
+        flag = "--moe.router_aux_loss on" if moe.router_aux_loss == "on" else "--moe.router_aux_loss_coef"
         raise UserInputError(
-            "--moe.router_aux_loss on: the router balance loss is not added to the preference loss; drop the flag "
-            "with --objective dpo"
+            f"{flag}: the router balance loss is not added to the preference loss; drop the flag with --objective dpo"
+        )
+    from qwen3_titan_common.components.router_balance import LMLossWithRouterBalance
+
+    if isinstance(config.loss, LMLossWithRouterBalance.Config):
+        logger.info(
+            "[dpo] the router balance loss config.json asks for is not added to the preference loss "
+            "(--moe.router_aux_loss off says so)"
         )
     changes: dict[str, Any] = {
         "loss": PreferenceLoss.Config(options=config.dpo),

@@ -37,7 +37,7 @@ import numpy as np
 from torchtitan.components.loss import IGNORE_INDEX
 
 from qwen3_titan_common.data.chat import ChatTokenizer, overlapping
-from qwen3_titan_common.data.conversation import conversation_of
+from qwen3_titan_common.data.conversation import conversation_of, reasoning_of
 from qwen3_titan_common.data.packing import Document
 from qwen3_titan_common.data.records import InvalidRecord, check_unicode, kind_of
 from qwen3_titan_common.data.tokens import DocumentTokenizer
@@ -78,10 +78,14 @@ class Pair:
         same = chosen.ids[:limit] == rejected.ids[:limit]
         return int(np.argmin(same)) if not same.all() else limit
 
-    def length(self, share_prompt: bool) -> int:
-        """The tokens the pair takes in a row."""
-        rejected = len(self.rejected.ids) - (max(self.shared_prompt, 1) if share_prompt else 1)
-        return len(self.chosen.ids) - 1 + rejected
+    def lengths(self, eos_id: int, share_prompt: bool) -> tuple[int, int]:
+        """The tokens the chosen and the rejected sequence take in a row (inputs: an EOS appended where a
+        sequence does not end with one, its last token a label only; the rejected from the shared prompt's last
+        token on when it is shared)."""
+        chosen, rejected = (len(side.document(eos_id)[0]) for side in (self.chosen, self.rejected))
+        if share_prompt:
+            rejected -= max(self.shared_prompt - 1, 0)
+        return chosen, rejected
 
     def document(self, eos_id: int, record: int, share_prompt: bool = False) -> Document:
         """Both sequences side by side (module docstring), ``record`` on every token."""
@@ -152,13 +156,18 @@ class PreferenceTokenizer:
             pair = self._message_pair(prompt, chosen, rejected, tools=record.get("tools"))
         else:
             pair = self._string_pair(prompt, chosen, rejected)
-        length = pair.length(self.share_prompt)
-        if length > seq_len:
-            shared = f", the prompt's {pair.shared_prompt - 1} shared" if self.share_prompt else ""
+        for name, side in ((CHOSEN, pair.chosen), (REJECTED, pair.rejected)):
+            if not side.trained[1:].any():
+                raise InvalidRecord(
+                    f"field '{name}': the chat template marks none of its completion's tokens as the assistant's "
+                    "(nothing to compare)"
+                )
+        chosen, rejected = pair.lengths(self.tokens.eos_id, self.share_prompt)
+        if chosen + rejected > seq_len:
+            what = "the rejected completion after the shared prompt" if self.share_prompt else "rejected"
             raise InvalidRecord(
-                f"the pair is {length} tokens (chosen {len(pair.chosen.ids) - 1} + rejected "
-                f"{len(pair.rejected.ids) - 1}{shared}), longer than a row (--training.seq_len {seq_len}); a pair "
-                "is never split, so raise seq_len or shorten it"
+                f"the pair is {chosen + rejected} tokens (chosen {chosen} + {what} {rejected}), longer than a row "
+                f"(--training.seq_len {seq_len}); a pair is never split, so raise seq_len or shorten it"
             )
         return pair
 
@@ -224,16 +233,15 @@ class PreferenceTokenizer:
             raise InvalidRecord(f"field '{name}' is {kind_of(value)} (expected a list of messages)")
         if not value:
             return []
-        # conversation_of checks each message; a prompt has no assistant turn to require.
-        record = {"messages": [*value, {"role": "assistant", "content": "x"}]}
-        return conversation_of(record, "messages", "tools").messages[:-1]
+        # conversation_of checks each message (naming it name[i]); a prompt has no assistant turn to require.
+        record = {name: [*value, {"role": "assistant", "content": "x"}]}
+        return conversation_of(record, name, "tools").messages[:-1]
 
     def _message_sequence(self, prompt: list[dict], completion: Any, name: str, tools: Any) -> Sequence:
         assert self.chat is not None
         if not isinstance(completion, list | tuple) or not completion:
             raise InvalidRecord(f"field '{name}' is an empty completion (expected the assistant's messages)")
-        answers = [m for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
-        if not answers:
+        if not any(isinstance(m, dict) and m.get("role") == "assistant" for m in completion):
             roles = ", ".join(str(m.get("role")) if isinstance(m, dict) else kind_of(m) for m in completion)
             raise InvalidRecord(f"field '{name}' has no assistant turn (roles: {roles}); nothing to compare")
         try:
@@ -242,8 +250,9 @@ class PreferenceTokenizer:
             )
         except InvalidRecord as err:
             raise InvalidRecord(f"field '{name}' (after the prompt): {err}") from None
-        if not any(a.get("content", "").strip() or a.get("tool_calls") for a in answers):
-            raise InvalidRecord(f"field '{name}' is an empty completion (the assistant's content is empty)")
+        answers = [m for m in conversation.messages[len(prompt) :] if m["role"] == "assistant"]
+        if not any(a["content"].strip() or a.get("tool_calls") or reasoning_of(a) for a in answers):
+            raise InvalidRecord(f"field '{name}' is an empty completion (the assistant's turn is empty)")
         self.chat.check(conversation, name)
         text, spans = self.chat.turns(conversation)
         assistants = conversation.assistant_indices()

@@ -167,16 +167,17 @@ def document_blocks(
     n = -(-seq_len // block_size)
     padded = n * block_size
     starts_BL = (positions_BL == 0).to(torch.int64)
-    segments = _Segments.of(positions_BL, padded)
-    if query_blocks is None and not bool(starts_BL[:, 1:].any()) and not segments.continued:
+    continued = has_continuations(positions_BL)
+    if query_blocks is None and not bool(starts_BL[:, 1:].any()) and not continued:
         return None
-    per_document = per_document and not segments.continued
+    per_document = per_document and not continued
     if per_document and query_blocks is None and not fixed_shapes and device.type == "cpu":
         documents = document_ranges(positions_BL)
         if batch * seq_len >= PER_DOCUMENT_BLOCKS * block_size * sum(map(len, documents)):
             return DocumentBlocks(
                 batch=batch, seq_len=seq_len, block_size=block_size, chunks=(), documents=documents
             )
+    segments = _Segments.of(positions_BL, padded, continued)
     token_L = torch.arange(seq_len, device=device)
     # Each token's document: how many documents started up to it; the block padding past seq_len is -1, a
     # document of its own that no real query shares.
@@ -246,6 +247,12 @@ def document_blocks(
     )
 
 
+def has_continuations(positions_BL: torch.Tensor) -> bool:
+    """Whether a row holds a continuation: positions that neither go on from the token before nor restart at 0."""
+    after_BL = positions_BL[:, 1:]
+    return bool(((after_BL != positions_BL[:, :-1] + 1) & (after_BL != 0)).any())
+
+
 @dataclass(frozen=True)
 class _Segments:
     """Each token's segment (a run of positions counting up by one) and the position its segment starts at,
@@ -258,12 +265,14 @@ class _Segments:
     """Whether some segment is a continuation (starts inside its row at a position above 0)."""
 
     @staticmethod
-    def of(positions_BL: torch.Tensor, padded: int) -> _Segments:
+    def of(positions_BL: torch.Tensor, padded: int, continued: bool) -> _Segments:
+        if not continued:  # the document rule alone: nothing to compute
+            empty = positions_BL.new_empty(0)
+            return _Segments(empty, empty, empty, False)
         batch, seq_len = positions_BL.shape
         device = positions_BL.device
         starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
         starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
-        continued = bool((starts_BL[:, 1:] & (positions_BL[:, 1:] != 0)).any())
         token_L = torch.arange(seq_len, device=device)
         first_BL = torch.cummax(torch.where(starts_BL, token_L, 0), dim=1).values
         segment_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
@@ -272,7 +281,7 @@ class _Segments:
         position_BL[:, :seq_len] = positions_BL
         start_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
         start_BL[:, :seq_len] = positions_BL.gather(1, first_BL)
-        return _Segments(segment_BL.flatten(), position_BL.flatten(), start_BL.flatten(), continued)
+        return _Segments(segment_BL.flatten(), position_BL.flatten(), start_BL.flatten(), True)
 
     def allowed(self, doc_T: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """``(..., queries, keys)`` booleans for flat token indices ``query (..., q)`` and ``key (..., k)``: one

@@ -42,6 +42,14 @@ class ReferenceLogps:
     _on_device: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def lookup(self, records_P: torch.Tensor) -> torch.Tensor:
+        """The (pairs, 2) reference of ``records_P``; a record the reference pass never saw (it was a bad record
+        then) is refused rather than given a reference of 0."""
+        if records_P.numel() and not bool(self.seen_R[records_P.cpu()].all()):
+            missing = records_P.cpu()[~self.seen_R[records_P.cpu()]].tolist()
+            raise UserInputError(
+                f"records {missing[:5]} of the data have no reference log-probabilities: the reference pass before "
+                "step 1 skipped them; resume with the data settings the run started with"
+            )
         device = records_P.device
         if device not in self._on_device:
             self._on_device[device] = self.table_R2.to(device)
@@ -66,6 +74,11 @@ class ReferenceLogps:
     def load(path: Path, expected: dict[str, str]) -> ReferenceLogps:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
+            if metadata.get("format") != _FORMAT:
+                raise UserInputError(
+                    f"{path}: reference log-probabilities of format {metadata.get('format')!r}, this version reads "
+                    f"{_FORMAT!r}; resume with the version that wrote them, or use a new --dump_folder"
+                )
             found = {key: metadata.get(key) for key in expected}
             if found != expected:
                 differs = ", ".join(
@@ -80,7 +93,13 @@ class ReferenceLogps:
 
 
 def reference_metadata(dataset: RecordStreamDataset) -> dict[str, str]:
-    return {"dataset": dataset.source.name, "records": str(len(dataset.source))}
+    """What the reference's values depend on beside the starting model: the records, and which of them were
+    pairs that fit a row."""
+    return {
+        "dataset": dataset.source.name,
+        "records": str(len(dataset.source)),
+        "seq_len": str(dataset.settings.seq_len),
+    }
 
 
 def reference_logps(trainer) -> ReferenceLogps:
@@ -149,6 +168,12 @@ def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, Rec
             table_R2[layout.records_P] = sums_P2.to(table_R2)
             seen_R[layout.records_P] = 1.0
     trainer.ntokens_seen = tokens_seen
+    for (
+        part
+    ) in trainer.model_parts:  # the experts' load of the first step line is the step's, not this pass's
+        take = getattr(part, "take_expert_counts", None)
+        if callable(take):
+            take()
     if trainer.parallel_dims.dp_enabled:
         group = trainer.parallel_dims.get_mesh("batch").get_group()
         dist.all_reduce(table_R2, group=group)

@@ -431,7 +431,7 @@ def _check_data(config, layout: Layout) -> None:
     if record_format == "preference" and objective != "dpo":
         raise UserInputError(
             f"--dataloader.dataset '{dataset}' holds preference pairs ('chosen', 'rejected'): train them with "
-            "--objective dpo (docs/preference.md)"
+            "--objective dpo (docs/preference.md), or read its other fields with --dataloader.format chat|text"
         )
     if objective == "dpo" and record_format != "preference":
         raise UserInputError(
