@@ -45,6 +45,7 @@ from torchtitan.config import CompileConfig
 
 from qwen3_titan_common.components.loss import TrainedTokenLoss
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.models.document_blocks import segment_starts
 from qwen3_titan_common.perf.precision import compute_autocast
 
 Objective = Literal["sft", "dpo"]
@@ -114,10 +115,9 @@ class PairLayout:
     @staticmethod
     def of(targets_BL: torch.Tensor, positions_BL: torch.Tensor, records_BL: torch.Tensor) -> PairLayout:
         trained_BL = targets_BL != IGNORE_INDEX
-        starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
-        starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
-        sequence_BL = torch.cumsum(starts_BL.reshape(-1).to(torch.int64), 0).reshape(targets_BL.shape)
-        sequence_N = sequence_BL[trained_BL]
+        # Numbered over the whole batch: a row's last sequence and the next row's first are two.
+        sequence_BL = torch.cumsum(segment_starts(positions_BL).reshape(-1).to(torch.int64), 0)
+        sequence_N = sequence_BL.reshape(targets_BL.shape)[trained_BL]
         starts_N = torch.ones_like(sequence_N, dtype=torch.bool)
         starts_N[1:] = sequence_N[1:] != sequence_N[:-1]
         order_N = torch.cumsum(starts_N.to(torch.int64), 0) - 1
@@ -221,9 +221,8 @@ class PreferenceLoss(TrainedTokenLoss):
         self.chunk_tokens = config.chunk_tokens
         self.reference = None  # train.preference.ReferenceLogps, set before the first step
         self._batch: PreferenceBatch | None = None
-        self._stats: torch.Tensor | None = (
-            None  # per step: summed [loss, acc, beta h, reward c, reward r, pairs]
-        )
+        # Per step, summed over its micro-batches: [loss, acc, beta h, reward c, reward r, pairs].
+        self._stats: torch.Tensor | None = None
         self._group = None
 
     def bind(self, group) -> None:
@@ -277,9 +276,19 @@ class PreferenceLoss(TrainedTokenLoss):
         self, hidden_BLD: torch.Tensor, batch: PreferenceBatch
     ) -> tuple[PairLayout, torch.Tensor, torch.Tensor]:
         """The layout of the batch's pairs, their summed completion log-probabilities and token counts."""
+        layout, hidden_ND, targets_N = self._completions(hidden_BLD, batch)
+        return (layout, *self._sums(layout, hidden_ND, targets_N))
+
+    @staticmethod
+    def _completions(hidden_BLD: torch.Tensor, batch: PreferenceBatch):
+        """The pairs' layout, and their completion tokens' hidden states and targets."""
         layout = PairLayout.of(batch.targets_BL, batch.positions_BL, batch.records_BL)
-        logp_N = self.token_logps(hidden_BLD.detach()[layout.trained_BL], batch.targets_BL[layout.trained_BL])
-        return layout, layout.sums(logp_N.double()), layout.sums(torch.ones_like(logp_N, dtype=torch.float64))
+        return layout, hidden_BLD[layout.trained_BL], batch.targets_BL[layout.trained_BL]
+
+    def _sums(self, layout: PairLayout, hidden_ND: torch.Tensor, targets_N: torch.Tensor):
+        """Per pair, the summed completion log-probabilities (float64, no gradient) and token counts."""
+        logp_N = self.token_logps(hidden_ND.detach(), targets_N)
+        return layout.sums(logp_N.double()), layout.sums(torch.ones_like(logp_N, dtype=torch.float64))
 
     def __call__(
         self,
@@ -293,7 +302,8 @@ class PreferenceLoss(TrainedTokenLoss):
             raise RuntimeError("PreferenceLoss: called without the batch's pairs (Qwen3Trainer sets them)")
         if self.reference is None:
             raise RuntimeError("PreferenceLoss: called before the reference log-probabilities were set")
-        layout, policy_P2, counts_P2 = self.pair_logps(pred, batch)
+        layout, hidden_ND, targets_N = self._completions(pred, batch)
+        policy_P2, counts_P2 = self._sums(layout, hidden_ND, targets_N)
         policy_P2.requires_grad_(True)
         reference_P2 = self.reference.lookup(layout.records_P).to(policy_P2)
         with torch.enable_grad():
@@ -307,8 +317,6 @@ class PreferenceLoss(TrainedTokenLoss):
         # ignored rows, so every rank runs the output projection's collectives alike.
         (grad_P2,) = torch.autograd.grad(value, policy_P2)
         weights_N = -grad_P2[layout.pair_N, layout.side_N].to(torch.promote_types(pred.dtype, torch.float32))
-        hidden_ND = pred[layout.trained_BL]
-        targets_N = batch.targets_BL[layout.trained_BL]
         # torchtitan's chunked loss splits into equal chunks: as many as keep each within chunk_tokens.
         self.num_chunks = max(1, -(-targets_N.numel() // self.chunk_tokens))
         padded = max(1, -(-targets_N.numel() // self.num_chunks)) * self.num_chunks

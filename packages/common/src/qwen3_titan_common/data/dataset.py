@@ -113,11 +113,10 @@ class RecordStreamDataset(IterableDataset, Stateful):
         if settings.record_format == "chat":
             self.chat = ChatTokenizer(tokens, settings.earlier_reasoning)
         elif settings.record_format == "preference":
-            try:
-                self.chat = ChatTokenizer(tokens, settings.earlier_reasoning)
-            except DatasetError:
-                self.chat = None  # string pairs need no template; message pairs say so, record by record
-            self.preference = PreferenceTokenizer(tokens, self.chat, settings.share_prompt)
+            self.preference = PreferenceTokenizer.of(
+                tokens, settings.earlier_reasoning, settings.share_prompt
+            )
+            self.chat = self.preference.chat
         self.identical_pairs = 0  # preference pairs whose chosen and rejected are the same (no signal)
         self.epoch = 0
         self.next_record = 0  # records of the epoch already read

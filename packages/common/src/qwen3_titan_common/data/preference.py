@@ -30,16 +30,18 @@ never split a document across rows, so a pair is always whole in one row and on 
 
 from __future__ import annotations
 
+from collections import abc
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from torchtitan.components.loss import IGNORE_INDEX
 
-from qwen3_titan_common.data.chat import ChatTokenizer, overlapping
+from qwen3_titan_common.data.chat import ChatTokenizer, EarlierReasoning, overlapping
 from qwen3_titan_common.data.conversation import conversation_of, reasoning_of
 from qwen3_titan_common.data.packing import Document
 from qwen3_titan_common.data.records import InvalidRecord, check_unicode, kind_of
+from qwen3_titan_common.data.sources import DatasetError
 from qwen3_titan_common.data.tokens import DocumentTokenizer
 
 PROMPT, CHOSEN, REJECTED = "prompt", "chosen", "rejected"
@@ -134,6 +136,16 @@ class PreferenceTokenizer:
         self.tokens = tokens
         self.chat = chat
         self.share_prompt = share_prompt
+
+    @classmethod
+    def of(cls, tokens: DocumentTokenizer, earlier_reasoning: EarlierReasoning, share_prompt: bool = False):
+        """With the tokenizer's chat template where it has one: string pairs need none, and message pairs say
+        so record by record."""
+        try:
+            chat = ChatTokenizer(tokens, earlier_reasoning)
+        except DatasetError:
+            chat = None
+        return cls(tokens, chat, share_prompt)
 
     def pair(self, record: Any, seq_len: int) -> Pair:
         """The record's pair; raises InvalidRecord naming the field at fault."""
@@ -266,23 +278,15 @@ class PreferenceTokenizer:
         return Sequence(np.asarray(ids, dtype=np.int64), overlapping(offsets, kept))
 
 
-def _common_length(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+def _common_length(a: abc.Sequence[Any], b: abc.Sequence[Any]) -> int:
+    """How many leading items ``a`` and ``b`` share (token ids, characters, messages)."""
+    return next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _split_common_text(chosen: str, rejected: str) -> tuple[str, str, str]:
     """An implicit prompt in strings: the longest common beginning of the two texts, ended before a space
     that starts the completions (TRL's rule: the space belongs to the completion)."""
-    common = 0
-    for a, b in zip(chosen, rejected, strict=False):
-        if a != b:
-            break
-        common += 1
+    common = _common_length(chosen, rejected)
     if common == len(chosen) or common == len(rejected):
         raise InvalidRecord(
             "fields 'chosen' and 'rejected' have no implicit prompt: one is the start of the other (expected two "
@@ -303,11 +307,7 @@ def _split_common_messages(chosen: Any, rejected: Any) -> tuple[list, list, list
     for name, value in ((CHOSEN, chosen), (REJECTED, rejected)):
         if not isinstance(value, list | tuple) or not value:
             raise InvalidRecord(f"field '{name}' is {kind_of(value)} (expected a non-empty list of messages)")
-    common = 0
-    for a, b in zip(chosen, rejected, strict=False):
-        if a != b:
-            break
-        common += 1
+    common = _common_length(chosen, rejected)
     # Each side keeps at least its last message as its completion (identical conversations: an identical pair).
     common = min(common, len(chosen) - 1, len(rejected) - 1)
     if common == 0:

@@ -30,6 +30,7 @@ from qwen3_titan_common.models.document_blocks import (
     DocumentBlocks,
     block_sparse_attention,
     document_blocks,
+    segments_of,
 )
 
 DocumentAttention = Literal["blocks", "flex", "varlen"]
@@ -53,12 +54,7 @@ def document_causal_mask(positions_BL: torch.Tensor) -> torch.Tensor:
     same_doc_BLL = doc_BL[:, :, None] == doc_BL[:, None, :]
     # A continuation (a segment starting at a position p > 0, ``models.document_blocks``) sees its document's
     # positions below p and its own segment only.
-    starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
-    starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
-    segment_BL = torch.cumsum(starts_BL.to(torch.int64), dim=1)
-    token_L = torch.arange(seq_len, device=positions_BL.device)
-    first_BL = torch.cummax(torch.where(starts_BL, token_L, 0), dim=1).values
-    start_BL = positions_BL.gather(1, first_BL)
+    segment_BL, start_BL = segments_of(positions_BL)
     visible_BLL = (segment_BL[:, :, None] == segment_BL[:, None, :]) | (
         positions_BL[:, None, :] < start_BL[:, :, None]
     )

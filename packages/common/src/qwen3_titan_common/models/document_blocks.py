@@ -247,10 +247,26 @@ def document_blocks(
     )
 
 
+def segment_starts(positions_BL: torch.Tensor) -> torch.Tensor:
+    """``(batch, seq)`` booleans: where a segment starts, its positions not going on from the token before (a
+    row's first token, a document's restart at 0, a continuation)."""
+    starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
+    starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
+    return starts_BL
+
+
+def segments_of(positions_BL: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's segment, numbered from 1 in its row, and the position its segment starts at: ``(batch, seq)``
+    each. A continuation sees its document's positions below its start, and its own segment."""
+    starts_BL = segment_starts(positions_BL)
+    token_L = torch.arange(positions_BL.shape[1], device=positions_BL.device)
+    first_BL = torch.cummax(torch.where(starts_BL, token_L, 0), dim=1).values
+    return torch.cumsum(starts_BL.to(torch.int64), dim=1), positions_BL.gather(1, first_BL)
+
+
 def has_continuations(positions_BL: torch.Tensor) -> bool:
     """Whether a row holds a continuation: positions that neither go on from the token before nor restart at 0."""
-    after_BL = positions_BL[:, 1:]
-    return bool(((after_BL != positions_BL[:, :-1] + 1) & (after_BL != 0)).any())
+    return bool((segment_starts(positions_BL)[:, 1:] & (positions_BL[:, 1:] != 0)).any())
 
 
 @dataclass(frozen=True)
@@ -269,19 +285,13 @@ class _Segments:
         if not continued:  # the document rule alone: nothing to compute
             empty = positions_BL.new_empty(0)
             return _Segments(empty, empty, empty, False)
-        batch, seq_len = positions_BL.shape
-        device = positions_BL.device
-        starts_BL = torch.ones_like(positions_BL, dtype=torch.bool)
-        starts_BL[:, 1:] = positions_BL[:, 1:] != positions_BL[:, :-1] + 1
-        token_L = torch.arange(seq_len, device=device)
-        first_BL = torch.cummax(torch.where(starts_BL, token_L, 0), dim=1).values
-        segment_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
-        segment_BL[:, :seq_len] = torch.cumsum(starts_BL.to(torch.int64), dim=1)
-        position_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
-        position_BL[:, :seq_len] = positions_BL
-        start_BL = torch.full((batch, padded), -1, dtype=torch.int64, device=device)
-        start_BL[:, :seq_len] = positions_BL.gather(1, first_BL)
-        return _Segments(segment_BL.flatten(), position_BL.flatten(), start_BL.flatten(), True)
+        seq_len = positions_BL.shape[1]
+
+        def flat_padded(x_BL: torch.Tensor) -> torch.Tensor:
+            return F.pad(x_BL, (0, padded - seq_len), value=-1).flatten()
+
+        segment_BL, start_BL = segments_of(positions_BL)
+        return _Segments(flat_padded(segment_BL), flat_padded(positions_BL), flat_padded(start_BL), True)
 
     def allowed(self, doc_T: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
         """``(..., queries, keys)`` booleans for flat token indices ``query (..., q)`` and ``key (..., k)``: one

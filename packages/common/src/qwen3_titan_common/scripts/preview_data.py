@@ -55,26 +55,23 @@ def preview(args: argparse.Namespace) -> list[PreviewRecord]:
     chat = ChatTokenizer(tokens, args.earlier_reasoning) if opened.record_format == "chat" else None
     records = opened.source.read(list(range(min(args.records, len(opened.source)))))
     if opened.record_format == "preference":
-        return [_preview_pair(record, tokens, args) for record in records]
+        from qwen3_titan_common.data.preference import PreferenceTokenizer
+
+        pairs = PreferenceTokenizer.of(tokens, args.earlier_reasoning)
+        return [_preview_pair(record, pairs, args) for record in records]
     return [_preview_record(record, opened.record_format, tokens, chat, args) for record in records]
 
 
-def _preview_pair(record, tokens, args) -> PreviewRecord:
+def _preview_pair(record, pairs, args) -> PreviewRecord:
     """A preference record's two sequences, each with its completion marked (``data.preference``)."""
-    from qwen3_titan_common.data.chat import ChatTokenizer
-    from qwen3_titan_common.data.preference import PreferenceTokenizer
     from qwen3_titan_common.data.records import InvalidRecord
-    from qwen3_titan_common.data.sources import DatasetError
     from qwen3_titan_common.scripts.preview_rows import decoded_with_offsets
 
-    try:
-        chat = ChatTokenizer(tokens, args.earlier_reasoning)
-    except DatasetError:
-        chat = None  # string pairs need no template
+    tokens = pairs.tokens
     try:
         if record.error is not None:
             raise InvalidRecord(record.error)
-        pair = PreferenceTokenizer(tokens, chat).pair(record.value, args.seq_len or 2**31)
+        pair = pairs.pair(record.value, args.seq_len or 2**31)
     except InvalidRecord as e:
         return PreviewRecord(record.location, "preference", [], error=str(e))
 

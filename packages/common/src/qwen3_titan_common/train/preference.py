@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.utils.data import DataLoader
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.components.preference import PreferenceLoss, take_preference_batch
@@ -151,14 +152,12 @@ def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, Rec
     seen_R = torch.zeros(records, dtype=torch.float64, device=trainer.device)
     model = trainer.model_parts[0]
     tokens_seen = trainer.ntokens_seen
-    samples = iter(stream)
+    # The finite stream ends on a whole group (padding rows complete it): the same batches on every rank.
+    batches = DataLoader(stream, batch_size=dataset.local_batch_size)
     with Phase(f"reference log-probabilities of {records:,} records"):
-        while True:
-            rows = [sample for _, sample in zip(range(dataset.local_batch_size), samples, strict=False)]
-            if not rows:
-                break
-            input_dict = {k: torch.stack([r[0][k] for r in rows]).to(trainer.device) for k in rows[0][0]}
-            markers = torch.stack([r[1] for r in rows]).to(trainer.device)
+        for input_dict, markers in batches:
+            input_dict = {key: value.to(trainer.device) for key, value in input_dict.items()}
+            markers = markers.to(trainer.device)
             batch = take_preference_batch(input_dict)
             assert batch is not None
             inputs, _, extra = trainer.post_dataloading_process(input_dict, markers)
