@@ -168,6 +168,24 @@ def _listing(*roots):
             "base_model_name_or_path 'Qwen/Qwen3-0.6B': not a local directory; pass --base DIR",
         ),
         (["{dense}", "--base", "{dense}"], "is a model directory, not a peft adapter; drop --base"),
+        (
+            ["{dense}", "--dataset", "{pairs}"],
+            "holds preference pairs: their DPO loss compares the model with the one training started from; "
+            "pass that as --reference DIR",
+        ),
+        (["{dense}", "--reference", "{dense}"], "--reference {dense}: a reference scores preference pairs"),
+        (
+            ["{dense}", "--dataset", "{pairs}", "--reference", "{missing}"],
+            "--reference {missing}: no such directory",
+        ),
+        (
+            ["{dense}", "--dataset", "{pairs}", "--reference", "{dense}", "--random-init"],
+            "--random-init: scores text and chat data; drop it with preference pairs",
+        ),
+        (
+            ["{dense}", "--dataset", "{pairs}", "--reference", "{dense}", "--dpo.beta", "0"],
+            "--dpo.beta 0.0: expected a positive number",
+        ),
     ],
     ids=[
         "missing-dir",
@@ -182,18 +200,26 @@ def _listing(*roots):
         "bad-record",
         "adapter-base-not-local",
         "base-without-adapter",
+        "pairs-without-reference",
+        "reference-without-pairs",
+        "missing-reference",
+        "pairs-at-random-init",
+        "zero-beta",
     ],  # fmt: skip
 )
 def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, dense, argv, fragment):
     monkeypatch.chdir(tmp_path)
     bad_record = tmp_path / "bad.jsonl"
     bad_record.write_text('{"text": "fine"}\n{"text": 3}\n')
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "Is it?", "chosen": " Yes.", "rejected": " No."}\n')
     (tmp_path / "empty").mkdir()
     names = {
         "missing": tmp_path / "missing",
         "empty": tmp_path / "empty",
         "dense": dense,
         "bad_record": bad_record,
+        "pairs": pairs,
         "hub_adapter": _hub_adapter(tmp_path / "adapter", dense),
         "untokenized": _without_tokenizer(tmp_path / "untokenized", dense),
     }

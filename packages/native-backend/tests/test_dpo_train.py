@@ -1,11 +1,14 @@
 """Preference training (``--objective dpo``) through the real launcher on the embedded pairs.
 
-Step 1 starts with the policy equal to the reference, so its loss is ln 2; a resumed run reads the reference
-log-probabilities the first run computed and trains on as the uninterrupted run does; FSDP over 2 ranks trains
-what one rank trains. (LoRA, and one pair per row: the nki-moe and hf-v5 backends' tests; the objective and the
-data that do not agree, and bad pairs: test_reliability_launcher.py and common's test_preference.py.)
+Step 1 starts with the policy equal to the reference, so its loss is ln 2; validation scores the held-out
+pairs against their own reference, and ``eval`` of the export scores them as the last validation did; a
+resumed run reads both references the first run computed and trains on as the uninterrupted run does; FSDP,
+tensor and context parallelism over 2 ranks train what one rank trains. (LoRA, and one pair per row: the nki-moe and
+hf-v5 backends' tests; the objective and the data that do not agree, and bad pairs:
+test_reliability_launcher.py and common's test_preference.py.)
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,11 +16,23 @@ import sys
 from pathlib import Path
 
 import pytest
-from qwen3_titan_common.perf.train_log import parse_step_lines
+from qwen3_titan_common.perf.train_log import parse_step_lines, parse_validation_lines
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
-from qwen3_titan_testing.preference import EXACT, PAIRS, assert_starts_at_ln2, dpo_flags, loss_bound
+from qwen3_titan_testing.preference import (
+    EXACT,
+    PAIRS,
+    SEQ_LEN,
+    VALIDATION,
+    assert_starts_at_ln2,
+    dpo_flags,
+    held_out_pairs,
+    loss_bound,
+    rescored_bound,
+    validation_bound,
+)
 
 TRAIN = str(Path(sys.executable).with_name("train"))
+EVAL = str(Path(sys.executable).with_name("eval"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
 
 
@@ -41,6 +56,7 @@ def dpo_run(source):
             "--hf-model",
             str(source),
             *EXACT,
+            *VALIDATION,
             "--steps",
             "3",
             "--checkpoint-every",
@@ -53,6 +69,40 @@ def dpo_run(source):
     return out, log
 
 
+def _two_ranks(source, name, layout):
+    """The run of ``dpo_run`` on 2 ranks laid out by ``layout`` (the same global batch of 8 rows)."""
+    return _train(
+        [
+            *dpo_flags(source.parent),
+            "--hf-model",
+            str(source),
+            *EXACT,
+            *VALIDATION,
+            "--nproc",
+            "2",
+            *layout,
+            "--steps",
+            "3",
+            "--checkpoint.no-enable",
+            "--hf.no-export",
+            "--out",
+            str(source.parent / name),
+        ],  # fmt: skip
+        source.parent,
+    )
+
+
+def _assert_trains_what_one_rank_trains(source, one, two):
+    steps_one, steps_two = parse_step_lines(one), parse_step_lines(two)
+    assert [s.step for s in steps_two] == [1, 2, 3]
+    for a, b in zip(steps_one, steps_two, strict=True):
+        assert abs(a.loss - b.loss) <= loss_bound(source, a.step), (a, b)
+    validations_one, validations_two = parse_validation_lines(one), parse_validation_lines(two)
+    assert [v.step for v in validations_two] == [1, 2, 3]
+    for a, b in zip(validations_one, validations_two, strict=True):
+        assert abs(a.loss - b.loss) <= validation_bound(source, a.step), (a, b)
+
+
 @pytest.mark.slow
 def test_step_one_is_ln2_and_the_line_shows_the_pairs(source, dpo_run):
     out, log = dpo_run
@@ -61,14 +111,51 @@ def test_step_one_is_ln2_and_the_line_shows_the_pairs(source, dpo_run):
     assert_starts_at_ln2(log, source)
     assert steps[2].loss != steps[0].loss  # it trains
     assert "prompt computed once per pair" in log  # the block-sparse attention reads continuations
-    assert f"[dpo] reference log-probabilities of {PAIRS} pairs computed by the starting model" in log
+    trained = PAIRS - held_out_pairs()
+    assert f"[dpo] reference log-probabilities of {trained} pairs computed by the starting model" in log
+    assert f"[dpo] reference log-probabilities of {held_out_pairs()} held-out pairs computed" in log
     assert (out / "reference_logps.safetensors").is_file()
+    assert (out / "reference_logps_validation.safetensors").is_file()
     card = (out / "hf" / "step-3" / "README.md").read_text()
     assert (
         "| objective | DPO on preference pairs: sigmoid loss, beta 0.1; reference: the starting model |"
         in card
     )
     assert "- dpo" in card  # the Hub's tag
+
+
+@pytest.mark.slow
+def test_validation_scores_held_out_pairs_and_eval_of_the_export_agrees(source, dpo_run):
+    out, log = dpo_run
+    validations = parse_validation_lines(log)
+    assert [v.step for v in validations] == [1, 2, 3]
+    assert all(v.perplexity is None and v.accuracy_percent is not None for v in validations)
+    assert validations[0].loss != validations[2].loss
+    proc = subprocess.run(
+        [
+            EVAL,
+            str(out / "hf" / "step-3"),
+            "--dataset",
+            str(source.parent / "pairs.jsonl"),
+            "--records",
+            "held_out",
+            "--reference",
+            str(source),
+            "--seq-len",
+            str(SEQ_LEN),
+            "--json",
+        ],  # fmt: skip
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = json.loads(proc.stdout)["results"]
+    assert result["pairs"] == held_out_pairs()
+    loss_atol, margin_atol = rescored_bound(source)
+    assert abs(result["loss"] - validations[-1].loss) <= loss_atol, (result, validations[-1])
+    assert abs(result["margin"] - validations[-1].margin) <= margin_atol, (result, validations[-1])
 
 
 @pytest.mark.slow
@@ -82,6 +169,7 @@ def test_resume_reads_the_reference_and_trains_as_the_straight_run(dpo_run):
             "--hf-model",
             str(out.parent / "source"),
             *EXACT,
+            *VALIDATION,
             "--steps",
             "3",
             "--out",
@@ -89,38 +177,30 @@ def test_resume_reads_the_reference_and_trains_as_the_straight_run(dpo_run):
         ],
         out.parent,
     )
-    assert f"reference log-probabilities of {PAIRS} pairs read from" in again
+    assert f"reference log-probabilities of {PAIRS - held_out_pairs()} pairs read from" in again
+    assert f"reference log-probabilities of {held_out_pairs()} held-out pairs read from" in again
     (straight,) = [s for s in parse_step_lines(log) if s.step == 3]
     (step,) = parse_step_lines(again)
     assert step.step == 3 and step.loss == straight.loss
+    (validated,) = parse_validation_lines(again)
+    assert validated == parse_validation_lines(log)[-1]
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_ranks_trains_what_one_rank_trains(source, dpo_run):
-    """The same global batch of 8 rows, 4 on each rank: the pairs' mean over both ranks is one rank's."""
+@pytest.mark.parametrize(
+    "layout",
+    [
+        # 4 rows on each rank of the global batch of 8: the pairs' mean over both ranks is one rank's.
+        ["--batch-size", "4"],
+        # Each rank holds half the vocabulary: the completions' log-probabilities gather it chunk by chunk.
+        ["--parallelism.tensor_parallel_degree", "2"],
+        # Each rank holds half of every row's tokens: a pair's sums add both ranks' shares.
+        ["--parallelism.context_parallel_degree", "2"],
+    ],
+    ids=["fsdp-2", "tp-2", "cp-2"],
+)
+def test_two_ranks_train_what_one_rank_trains(source, dpo_run, layout):
     _, log = dpo_run
-    out = source.parent / "fsdp"
-    fsdp = _train(
-        [
-            *dpo_flags(source.parent),
-            "--hf-model",
-            str(source),
-            *EXACT,
-            "--nproc",
-            "2",
-            "--batch-size",
-            "4",
-            "--steps",
-            "3",
-            "--checkpoint.no-enable",
-            "--hf.no-export",
-            "--out",
-            str(out),
-        ],  # fmt: skip
-        source.parent,
-    )
-    assert f"reference log-probabilities of {PAIRS} pairs computed" in fsdp
-    one, two = parse_step_lines(log), parse_step_lines(fsdp)
-    assert [s.step for s in two] == [1, 2, 3]
-    for a, b in zip(one, two, strict=True):
-        assert abs(a.loss - b.loss) <= loss_bound(source, a.step), (a, b)
+    two = _two_ranks(source, "-".join(layout).strip("-").replace(".", "_"), layout)
+    assert f"reference log-probabilities of {PAIRS - held_out_pairs()} pairs computed" in two
+    _assert_trains_what_one_rank_trains(source, log, two)

@@ -1038,11 +1038,13 @@ def test_preference_pairs_without_dpo(fails):
     )
 
 
-def test_dpo_with_a_layout_it_does_not_run(fails):
+def test_dpo_with_a_layout_it_does_not_run(fails, tmp_path):
+    untied = make_tiny_checkpoint(tmp_path / "untied", tied=False)
     fails(
-        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--nproc", "2",
-         "--parallelism.tensor_parallel_degree", "2"],
-        "--parallelism.tensor_parallel_degree 2: --objective dpo runs with data (FSDP/HSDP) and expert parallelism",
+        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--hf-model", str(untied), "--nproc", "2",
+         "--parallelism.pipeline_parallel_degree", "2"],
+        "--parallelism.pipeline_parallel_degree 2: --objective dpo runs with data (FSDP/HSDP), tensor, context and "
+        "expert parallelism, not in pipeline stages so far",
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ BETA = 0.1
 PRINTED_LOSS = 0.5e-5  # a step line's loss has 5 decimals
 PRINTED_MARGIN = 0.5e-4  # and its margin 4
 PAIRS = 64  # of the embedded set: the reference pass before step 1 reads every pair
+VALIDATION = ["--validator.enable", "--validator.freq", "2"]  # on the held-out 5% of the pairs
 EXACT = ["--training.mixed_precision_param", "float32", "--debug.seed", "0", "--debug.deterministic"]
 LORA = ["--lora.rank", "4", "--lora.alpha", "8"]
 
@@ -45,6 +46,27 @@ def loss_bound(model_dir: Path, step: int) -> float:
     """Step ``step``'s loss in two layouts of one run: its logits carry 2k - 1 forward passes, and the sigmoid
     loss moves by at most beta per unit of h; both printed."""
     return 2 * PRINTED_LOSS + BETA * h_bound(model_dir, passes=2 * step - 1)
+
+
+def held_out_pairs() -> int:
+    """The pairs validation reads of :data:`PAIRS` (the default held-out share), the others training's."""
+    from qwen3_titan_common.data.holdout import DEFAULT_HELD_OUT, held_out_count
+
+    return held_out_count(PAIRS, DEFAULT_HELD_OUT)
+
+
+def validation_bound(model_dir: Path, step: int) -> float:
+    """Validation's loss after step ``step`` in two layouts of one run: its weights carry ``step`` updates
+    (two passes each) and it adds a forward."""
+    return loss_bound(model_dir, step + 1)
+
+
+def rescored_bound(model_dir: Path) -> tuple[float, float]:
+    """Loss and margin of the same weights and reference scored twice (validation's line, then ``eval --json``
+    of the export): each h is two forward passes (the model's and the reference's) computed again; the
+    sigmoid loss moves by at most beta per unit of h, and the line prints both figures rounded."""
+    moved = BETA * h_bound(model_dir, passes=2)
+    return PRINTED_LOSS + moved, PRINTED_MARGIN + moved
 
 
 def assert_starts_at_ln2(log: str, model_dir: Path) -> None:

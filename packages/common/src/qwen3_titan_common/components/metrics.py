@@ -222,17 +222,26 @@ class Qwen3Metrics(MetricsProcessor):
         """torchtitan's validation metrics (``validation_metrics/loss``, ...) plus perplexity, and our line::
 
         validation  step: 10  val_loss: 5.43210  val_ppl: 228.63  tps: 21,845
-        """
+
+        Under preference training the held-out pairs' accuracy and margin take the perplexity's place (the
+        loss is the preference loss, not a token's)."""
         seconds = time.perf_counter() - self.time_last_log
         loss, _ = self._from_the_last_stage(loss, loss)
         tps = self.ntokens_since_last_log / (seconds * self.parallel_dims.non_data_parallel_size)
-        perplexity = math.exp(loss) if loss < 700 else math.inf
-        ours = {"validation_metrics/perplexity": perplexity, **(extra_metrics or {})}
+        pairs = self.preference.step_metrics() if self.preference is not None else None
+        color = self.color
+        if pairs is None:
+            perplexity = math.exp(loss) if loss < 700 else math.inf
+            ours = {"validation_metrics/perplexity": perplexity}
+            figures = f"{color.orange}val_ppl: {perplexity:,.2f}  "
+        else:
+            ours = {f"validation_metrics/dpo_{name}": value for name, value in pairs.items()}
+            figures = f"val_acc: {100 * pairs['accuracy']:.0f}%  val_margin: {pairs['margin']:.4f}  "
+        ours |= extra_metrics or {}
         with titan_log_level_at_least(logging.WARNING):
             super().log_validation(loss, step, extra_metrics=ours)
         self.trained_tokens_since_last_log = 0  # torchtitan restarted its token count too
-        color = self.color
         logger.info(
             f"{color.yellow}validation  step: {step:2}  {color.green}val_loss: {loss:8.5f}  "
-            f"{color.orange}val_ppl: {perplexity:,.2f}  {color.blue}tps: {round(tps):,}{color.reset}"
+            f"{figures}{color.blue}tps: {round(tps):,}{color.reset}"
         )

@@ -32,6 +32,7 @@ whose gradient is exactly the DPO loss's. Both passes see only the completions' 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass, field
@@ -40,11 +41,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torchtitan.components.loss import IGNORE_INDEX, BaseLoss
+from torch.distributed.tensor import DTensor
+from torchtitan.components.loss import IGNORE_INDEX, BaseLoss, compute_logprobs
 from torchtitan.config import CompileConfig
+from torchtitan.distributed.spmd_types import spmd_mesh_size
 
 from qwen3_titan_common.components.loss import TrainedTokenLoss
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.models.context_parallel import local_token_index
 from qwen3_titan_common.models.document_blocks import segment_starts
 from qwen3_titan_common.perf.precision import compute_autocast
 
@@ -136,6 +140,17 @@ class PairLayout:
 
 
 @dataclass(frozen=True)
+class _Completions:
+    """The completion tokens of a batch of pairs a rank computes, with their pair and side."""
+
+    layout: PairLayout
+    hidden_ND: torch.Tensor
+    targets_N: torch.Tensor
+    pair_n: torch.Tensor
+    side_n: torch.Tensor
+
+
+@dataclass(frozen=True)
 class PreferenceBatch:
     """What the trainer takes out of a row of pairs for the loss: token targets and their records."""
 
@@ -178,9 +193,14 @@ def preference_losses(
     return losses_P, stats_P4
 
 
-def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
-    """Logits in fp32 for the log-softmax (fp64 kept: the exactness tests compute in it)."""
-    return logits if logits.dtype == torch.float64 else logits.float()
+def target_logps(logits_NV: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
+    """Each token's log-probability of its target (0 for an ignored one), in fp32 at least (fp64 kept: the
+    exactness tests compute in it). Under tensor parallelism a rank holds a slice of the vocabulary, which
+    torchtitan's ``compute_logprobs`` gathers (its gradient the slice back) for the chunk's few rows."""
+    if spmd_mesh_size("tp") > 1 or isinstance(logits_NV, DTensor):
+        return compute_logprobs(logits_NV[None], targets_N[None])[0]
+    logits_NV = logits_NV if logits_NV.dtype == torch.float64 else logits_NV.float()
+    return -F.cross_entropy(logits_NV, targets_N, reduction="none", ignore_index=IGNORE_INDEX)
 
 
 class WeightedTokenNLL(BaseLoss):
@@ -195,13 +215,8 @@ class WeightedTokenNLL(BaseLoss):
         del config, compile_config
 
     def __call__(self, pred, labels, global_valid_tokens=None, weights=None, **kwargs):
-        nll = F.cross_entropy(
-            _at_least_fp32(pred.flatten(0, -2)),
-            labels.reshape(-1),
-            reduction="none",
-            ignore_index=IGNORE_INDEX,
-        )
-        return (nll * weights.reshape(-1)).sum(), {}
+        logps = target_logps(pred.flatten(0, -2), labels.reshape(-1))
+        return -(logps * weights.reshape(-1)).sum(), {}
 
 
 class PreferenceLoss(TrainedTokenLoss):
@@ -224,16 +239,30 @@ class PreferenceLoss(TrainedTokenLoss):
         # Per step, summed over its micro-batches: [loss, acc, beta h, reward c, reward r, pairs].
         self._stats: torch.Tensor | None = None
         self._group = None
+        self._context = None
 
-    def bind(self, group) -> None:
-        """The data-parallel group the step's metrics are summed over (None: one rank)."""
+    def bind(self, group, context=None) -> None:
+        """The data-parallel group the step's metrics are summed over (None: one rank), and the context-parallel
+        group whose ranks each hold a share of every row (None: none)."""
         self._group = group
+        self._context = context
 
     def set_batch(self, batch: PreferenceBatch | None) -> None:
         self._batch = batch
 
     def start_step(self) -> None:
         self._stats = None
+
+    @contextlib.contextmanager
+    def held_out(self, reference):
+        """Validation on held-out pairs: their own reference (``train.preference``) and their own metrics,
+        the training step's kept aside meanwhile."""
+        kept = self.reference, self._stats
+        self.reference, self._stats = reference, None
+        try:
+            yield
+        finally:
+            self.reference, self._stats = kept
 
     def step_metrics(self) -> dict[str, float] | None:
         """The step's pair metrics over every data-parallel rank (a collective: every rank calls it)."""
@@ -264,8 +293,7 @@ class PreferenceLoss(TrainedTokenLoss):
         try:
             with torch.no_grad(), compute_autocast(self.compute_dtype):
                 for h_ND, t_N in zip(hidden_ND.split(rows), targets_N.split(rows), strict=True):
-                    logits = _at_least_fp32(lm_head(h_ND))
-                    pieces.append(-F.cross_entropy(logits, t_N, reduction="none"))
+                    pieces.append(target_logps(lm_head(h_ND), t_N))
         finally:
             if sharded:
                 lm_head.set_reshard_after_forward(True)
@@ -276,19 +304,48 @@ class PreferenceLoss(TrainedTokenLoss):
         self, hidden_BLD: torch.Tensor, batch: PreferenceBatch
     ) -> tuple[PairLayout, torch.Tensor, torch.Tensor]:
         """The layout of the batch's pairs, their summed completion log-probabilities and token counts."""
-        layout, hidden_ND, targets_N = self._completions(hidden_BLD, batch)
-        return (layout, *self._sums(layout, hidden_ND, targets_N))
+        completions = self._completions(hidden_BLD, batch)
+        return (completions.layout, *self._sums(completions))
 
-    @staticmethod
-    def _completions(hidden_BLD: torch.Tensor, batch: PreferenceBatch):
-        """The pairs' layout, and their completion tokens' hidden states and targets."""
+    def _completions(self, hidden_BLD: torch.Tensor, batch: PreferenceBatch) -> _Completions:
+        """The pairs' layout, and this rank's completion tokens: their hidden states, targets, pairs and sides.
+
+        Under context parallelism the batch is the whole rows (every CP rank has them) and ``hidden_BLD`` this
+        rank's share of their tokens (``models.context_parallel``): the layout is the rows', the tokens the
+        share's."""
         layout = PairLayout.of(batch.targets_BL, batch.positions_BL, batch.records_BL)
-        return layout, hidden_BLD[layout.trained_BL], batch.targets_BL[layout.trained_BL]
+        trained_BL, targets_BL = layout.trained_BL, batch.targets_BL
+        if self._context is None:
+            return _Completions(
+                layout, hidden_BLD[trained_BL], targets_BL[trained_BL], layout.pair_N, layout.side_N
+            )
+        group = self._context
+        index = local_token_index(
+            targets_BL.shape[1], dist.get_world_size(group), dist.get_rank(group), device=targets_BL.device
+        )
+        # Each trained token's number in the rows' order, then this rank's tokens in its own order.
+        token_BL = (torch.cumsum(trained_BL.reshape(-1).to(torch.int64), 0) - 1).reshape(trained_BL.shape)
+        mine_BL = trained_BL[:, index]
+        token_n = token_BL[:, index][mine_BL]
+        return _Completions(
+            layout,
+            hidden_BLD[mine_BL],
+            targets_BL[:, index][mine_BL],
+            layout.pair_N[token_n],
+            layout.side_N[token_n],
+        )
 
-    def _sums(self, layout: PairLayout, hidden_ND: torch.Tensor, targets_N: torch.Tensor):
-        """Per pair, the summed completion log-probabilities (float64, no gradient) and token counts."""
-        logp_N = self.token_logps(hidden_ND.detach(), targets_N)
-        return layout.sums(logp_N.double()), layout.sums(torch.ones_like(logp_N, dtype=torch.float64))
+    def _sums(self, completions: _Completions):
+        """Per pair, the summed completion log-probabilities (float64, no gradient; over the CP group's shares
+        of the rows) and token counts."""
+        layout = completions.layout
+        logp_n = self.token_logps(completions.hidden_ND.detach(), completions.targets_N).double()
+        sums_P2 = logp_n.new_zeros(layout.pairs, 2)
+        sums_P2.index_put_((completions.pair_n, completions.side_n), logp_n, accumulate=True)
+        if self._context is not None:
+            dist.all_reduce(sums_P2, group=self._context)
+        counts_P2 = layout.sums(torch.ones(layout.pair_N.shape, dtype=torch.float64, device=sums_P2.device))
+        return sums_P2, counts_P2
 
     def __call__(
         self,
@@ -302,27 +359,34 @@ class PreferenceLoss(TrainedTokenLoss):
             raise RuntimeError("PreferenceLoss: called without the batch's pairs (Qwen3Trainer sets them)")
         if self.reference is None:
             raise RuntimeError("PreferenceLoss: called before the reference log-probabilities were set")
-        layout, hidden_ND, targets_N = self._completions(pred, batch)
-        policy_P2, counts_P2 = self._sums(layout, hidden_ND, targets_N)
+        completions = self._completions(pred, batch)
+        layout, hidden_ND, targets_N = completions.layout, completions.hidden_ND, completions.targets_N
+        policy_P2, counts_P2 = self._sums(completions)
         policy_P2.requires_grad_(True)
         reference_P2 = self.reference.lookup(layout.records_P).to(policy_P2)
         with torch.enable_grad():
             losses_P, stats_P4 = preference_losses(policy_P2, reference_P2, counts_P2, self.options)
-            divisor = global_valid_tokens if global_valid_tokens is not None else max(layout.pairs, 1)
-            value = losses_P.sum() / divisor
+            # Without a divisor (validation), the sum over pairs: its caller divides by the pairs of every rank.
+            value = losses_P.sum() / (global_valid_tokens if global_valid_tokens is not None else 1)
         self._keep_stats(losses_P.detach(), stats_P4, layout.pairs)
+        # Every CP rank computes every pair's loss; the loss mesh (batch x cp) sums one share from each.
+        shares = dist.get_world_size(self._context) if self._context is not None else 1
+        reported = value.detach().float() / shares
         if not pred.requires_grad:
-            return value.detach().float(), {}
+            return reported, {}
         # Rows of padding only (the end of a finite run) take the same path: no token, padded to one chunk of
         # ignored rows, so every rank runs the output projection's collectives alike.
         (grad_P2,) = torch.autograd.grad(value, policy_P2)
-        weights_N = -grad_P2[layout.pair_N, layout.side_N].to(torch.promote_types(pred.dtype, torch.float32))
+        # The gradient of each token this rank holds: its pair's whole (each token is on one CP rank).
+        weights_N = -grad_P2[completions.pair_n, completions.side_n].to(
+            torch.promote_types(pred.dtype, torch.float32)
+        )
         # torchtitan's chunked loss splits into equal chunks: as many as keep each within chunk_tokens.
         self.num_chunks = max(1, -(-targets_N.numel() // self.chunk_tokens))
         padded = max(1, -(-targets_N.numel() // self.num_chunks)) * self.num_chunks
         weights = torch.cat([weights_N, weights_N.new_zeros(padded - weights_N.numel())])[None]
         surrogate, _ = self._chunked_loss(hidden_ND, targets_N, None, weights=weights)
-        return value.detach().float() + (surrogate - surrogate.detach()), {}
+        return reported + (surrogate - surrogate.detach()), {}
 
     def _keep_stats(self, losses_P: torch.Tensor, stats_P4: torch.Tensor, pairs: int) -> None:
         sums = torch.cat([losses_P.sum()[None], stats_P4.sum(0), losses_P.new_tensor([pairs])]).double()
@@ -331,19 +395,18 @@ class PreferenceLoss(TrainedTokenLoss):
 
 def with_preference_loss(config, device_type: str):
     """``config`` with the DPO loss where ``--objective dpo`` asks for it (``config`` itself otherwise); what
-    preference training does not run with yet is refused in one line, and validation is turned off in one."""
+    preference training does not run with yet is refused in one line."""
     from torchtitan.tools.logging import logger
 
     if config.objective != "dpo":
         return config
     parallelism = config.parallelism
-    for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
-        value = getattr(parallelism, name, 1)
-        if value > 1:
-            raise UserInputError(
-                f"--parallelism.{name} {value}: --objective dpo runs with data (FSDP/HSDP) and expert parallelism "
-                "so far; use 1 (docs/preference.md)"
-            )
+    degree = getattr(parallelism, "pipeline_parallel_degree", 1)
+    if degree > 1:
+        raise UserInputError(
+            f"--parallelism.pipeline_parallel_degree {degree}: --objective dpo runs with data (FSDP/HSDP), tensor, "
+            "context and expert parallelism, not in pipeline stages so far; use 1 (docs/preference.md)"
+        )
     if device_type == "neuron":
         raise UserInputError(
             "--objective dpo: preference training selects each batch's completion tokens, a shape Neuron would "
@@ -366,12 +429,6 @@ def with_preference_loss(config, device_type: str):
         "loss": PreferenceLoss.Config(options=config.dpo),
         "dataloader": _with_prompt_layout(config),
     }
-    if getattr(config.validator, "enable", False):
-        logger.info(
-            "[dpo] validation off: held-out pairs are not yet reported (the run's own pairs' accuracy and margin "
-            "are in every step line)"
-        )
-        changes["validator"] = dataclasses.replace(config.validator, enable=False)
     shared = getattr(changes["dataloader"], "share_prompt", False)
     layout = "prompt computed once per pair" if shared else "each completion with its own copy of the prompt"
     logger.info(f"[dpo] preference training: {config.dpo.describe()}; {layout} (--dpo.*)")

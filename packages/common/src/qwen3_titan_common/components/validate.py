@@ -19,7 +19,9 @@ the metrics processor (``Qwen3Metrics.log_validation``: the line and TensorBoard
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Annotated
@@ -30,6 +32,7 @@ import tyro
 from torchtitan.components.validate import Validator
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.components.preference import PreferenceLoss, take_preference_batch
 from qwen3_titan_common.data.validation import ValidationDataLoader, choose_validation_data
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.models.attention import document_attention_of, uses_document_blocks
@@ -68,12 +71,29 @@ class Qwen3Validator(Validator):
         # ValidationDataLoader give every rank the same number of batches, so the warning would mislead.
         with titan_log_level_at_least(logging.ERROR):
             Validator.__init__(self, config, **kwargs)
+        self.reference = None
+        """Preference training: the held-out pairs' reference log-probabilities (``train.preference``)."""
+
+    def batches(self):
+        """The batches one validation reads (the loader torchtitan's ``validate`` builds, cut at
+        ``--validator.steps``): what the reference pass of preference training computes beforehand."""
+        loader = self.dl_config.build(
+            dp_world_size=self.dp_world_size,
+            dp_rank=self.dp_rank,
+            tokenizer=self.tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
+        )
+        steps = self.config.steps
+        return loader, (loader if steps == -1 else itertools.islice(loader, steps))
 
     def validate(self, model_parts: list[nn.Module], step: int) -> None:
         # A large model's validation takes minutes: past 5 s, a line every 5 s (perf.progress).
+        pairs = self.loss_fn.held_out(self.reference) if isinstance(self.loss_fn, PreferenceLoss) else None
         with (
             Phase(f"validation at step {step}"),
             torch.random.fork_rng(devices=_cuda_devices_in_use(), device_type="cuda"),
+            pairs or contextlib.nullcontext(),
         ):
             Validator.validate(self, model_parts, step)
 
@@ -81,7 +101,10 @@ class Qwen3Validator(Validator):
         return Validator.should_validate(self, step) or step == self.config.last_step
 
     def post_dataloading_process(self, input_dict, labels, model_parts):
-        """torchtitan's, except under context parallelism with our per-document attention (as the trainer's)."""
+        """torchtitan's, except under context parallelism with our per-document attention (as the trainer's);
+        a row of preference pairs' targets and records go to the loss, not to the model."""
+        if isinstance(self.loss_fn, PreferenceLoss):
+            self.loss_fn.set_batch(take_preference_batch(input_dict))
         model_config = getattr(model_parts[0], "config", None)
         if not (self.parallel_dims.cp_enabled and uses_document_blocks(model_config)):
             return Validator.post_dataloading_process(self, input_dict, labels, model_parts)

@@ -60,7 +60,8 @@ class ValidationRows(IterableDataset):
 
     def padding_row(self) -> Sample:
         """A row that contributes nothing: EOS inputs, every label ignored."""
-        return sample_of(padding_row(self.stream.settings.seq_len, self.stream.tokens.eos_id))
+        row = padding_row(self.stream.settings.seq_len, self.stream.tokens.eos_id)
+        return sample_of(row, preference=self.stream.preference is not None)
 
     def __iter__(self):
         # Every iteration is the same pass: the stream goes back to its first record.
@@ -168,7 +169,7 @@ def choose_validation_data(
     """The training data config (its held-out share made explicit where validation reads it), the validation
     data config with dataset and split resolved, and one line saying where the validation data comes from."""
     # Inputs shaped as training shapes them: the model sees the same kind of rows.
-    val = dataclasses.replace(val, packing=train.packing)
+    val = dataclasses.replace(val, packing=train.packing, share_prompt=train.share_prompt)
     if val.dataset != SAME:
         split = val.split
         if split == AUTO:

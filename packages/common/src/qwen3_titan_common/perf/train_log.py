@@ -9,7 +9,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP = re.compile(r"step:\s*(\d+)(?:/(\d+))?\s+loss:\s*([-+0-9.eE]+|nan|inf)")
 _ETA = re.compile(r"eta:\s*(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:\s|$)")
 _VALIDATION = re.compile(
-    r"validation\s+step:\s*(\d+)\s+val_loss:\s*([-+0-9.eE]+|nan|inf)\s+val_ppl:\s*([0-9,.]+|inf)"
+    r"validation\s+step:\s*(\d+)\s+val_loss:\s*([-+0-9.eE]+|nan|inf)\s+"
+    r"(?:val_ppl:\s*([0-9,.]+|inf)|val_acc:\s*([0-9.]+)%\s+val_margin:\s*([-+0-9.]+))"
 )
 _FIELD = {
     "tps": re.compile(r"tps:\s*([0-9,]+)"),
@@ -72,7 +73,9 @@ def parse_step_lines(log: str) -> list[StepLine]:
 class ValidationLine:
     step: int
     loss: float
-    perplexity: float
+    perplexity: float | None  # None under preference training, whose line has these two instead:
+    accuracy_percent: float | None = None
+    margin: float | None = None
 
 
 def parse_validation_lines(log: str) -> list[ValidationLine]:
@@ -80,9 +83,14 @@ def parse_validation_lines(log: str) -> list[ValidationLine]:
     for line in _ANSI.sub("", log).splitlines():
         match = _VALIDATION.search(line)
         if match:
+            step, loss, perplexity, accuracy, margin = match.groups()
             found.append(
                 ValidationLine(
-                    int(match.group(1)), float(match.group(2)), float(match.group(3).replace(",", ""))
+                    int(step),
+                    float(loss),
+                    float(perplexity.replace(",", "")) if perplexity else None,
+                    float(accuracy) if accuracy else None,
+                    float(margin) if margin else None,
                 )
             )
     return found

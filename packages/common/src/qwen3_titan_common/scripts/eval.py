@@ -5,6 +5,7 @@
     eval DIR --dataset data/valid.jsonl --seq-len 2048 --json
     eval DIR --backend hf-v5-backend                         # through an installed backend's model
     eval ADAPTER_DIR [--base DIR]                            # a peft LoRA adapter on its base model
+    eval DIR --dataset pairs.jsonl --reference START_DIR     # DPO loss, accuracy, margin on held-out pairs
 
 The rows are the ones validation reads while training (``data.validation``): one pass, packed as for a
 single rank, padded to full batches whose padding carries no labels, so the loss does not depend on the
@@ -13,7 +14,9 @@ batch size. With the run's ``--training.seq_len``, its global batch as ``--batch
 The model is torchtitan's native Qwen3 (MoE included) by default, or ``--backend``'s own, on the device this
 machine has (Neuron, CUDA, else CPU); nothing is written. A peft adapter directory is scored as the model
 it makes, its base (``base_model_name_or_path``, or ``--base``) with the adapter merged as peft merges it
-(``hf.adapter.open_adapted_model``): the scores of ``--lora.merge``'s export. Bad input: one line, exit 2.
+(``hf.adapter.open_adapted_model``): the scores of ``--lora.merge``'s export. Preference pairs are scored
+against ``--reference``, the model preference training started from (``scripts.eval_pairs``), with the
+run's ``--dpo.*`` settings. Bad input: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -135,6 +138,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the random initialisation (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    pairs = p.add_argument_group("preference pairs (chosen/rejected data)")
+    pairs.add_argument(
+        "--reference",
+        default=None,
+        metavar="DIR",
+        help="the model preference training started from (a model or adapter directory): the DPO reference",
+    )
+    from qwen3_titan_common.components.preference import PreferenceOptions
+
+    defaults = PreferenceOptions()
+    pairs.add_argument("--dpo.beta", dest="beta", type=float, default=defaults.beta)
+    pairs.add_argument(
+        "--dpo.loss_type", dest="loss_type", choices=("sigmoid", "ipo"), default=defaults.loss_type
+    )
+    pairs.add_argument(
+        "--dpo.label_smoothing", dest="label_smoothing", type=float, default=defaults.label_smoothing
+    )
+    pairs.add_argument("--dpo.sft_weight", dest="sft_weight", type=float, default=defaults.sft_weight)
     return p
 
 
@@ -159,7 +180,7 @@ def eval_model_builder(name: str | None):
     return eval_model_of(backends[name].eval_model), name
 
 
-def _open(path: str, base: str | None = None):
+def _open(path: str, base: str | None = None, flag: str = "model directory"):
     from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapted_model
     from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
     from qwen3_titan_common.hf.model_dir import open_model_dir
@@ -169,7 +190,7 @@ def _open(path: str, base: str | None = None):
     elif base is not None:
         raise EvalError(f"--base {base}: {path} is a model directory, not a peft adapter; drop --base")
     else:
-        model_dir = open_model_dir(path, flag="model directory")
+        model_dir = open_model_dir(path, flag=flag)
     arch = model_dir.architecture
     found = {key: entry.shape for key, entry in model_dir.tensors.items()}
     check_keys(str(model_dir.path), expected_hf_shapes(arch), found, tied=arch.tie_word_embeddings)
@@ -206,6 +227,7 @@ def _tokenizer(model_dir, asked: str | None):
 
 
 def _data_config(args):
+    from qwen3_titan_common.data.holdout import DEFAULT_HELD_OUT
     from qwen3_titan_common.data.sources import DEFAULT_DATASET, split_names
     from qwen3_titan_common.data.validation import VALIDATION_SPLITS, ValidationDataLoader
 
@@ -216,11 +238,14 @@ def _data_config(args):
     records = args.records
     if records == "auto":
         records = "held_out" if args.dataset == DEFAULT_DATASET else "all"
+    held_out = args.held_out
+    if held_out is None and records == "held_out":
+        held_out = DEFAULT_HELD_OUT  # what a run validating on this data holds out unless told otherwise
     return ValidationDataLoader.Config(
         dataset=args.dataset,
         split=split,
         records=records,
-        held_out=args.held_out,
+        held_out=held_out,
         format=args.format,
         text_field=args.text_field,
         messages_field=args.messages_field,
@@ -289,8 +314,8 @@ def run(args: argparse.Namespace) -> dict:
     dtype = DTYPES[args.dtype]
     arch = model_dir.architecture
 
-    def loader():
-        return data.build(
+    def loader(config=data):
+        return config.build(
             dp_world_size=1,
             dp_rank=0,
             tokenizer=tokenizer,
@@ -300,11 +325,23 @@ def run(args: argparse.Namespace) -> dict:
 
     results = []
     model = build(arch, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
-    results.append(evaluate(model, loader(), device, shown, args.max_batches))
-    del model
-    if args.random_init:
-        model = build(arch, None, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
-        results.append(evaluate(model, loader(), device, f"random init (seed {args.seed})", args.max_batches))
+    pairs = loader().dataset.stream.preference is not None
+    extra = {}
+    if pairs:
+        results, extra = _score_pairs(args, model, arch.vocab_size, data, loader, shown, device)
+    else:
+        if args.reference is not None:
+            raise EvalError(
+                f"--reference {args.reference}: a reference scores preference pairs (chosen/rejected); "
+                f"{_describe(data)} holds {data.format if data.format != 'auto' else 'text or chat'} records"
+            )
+        results.append(evaluate(model, loader(), device, shown, args.max_batches))
+        del model
+        if args.random_init:
+            model = build(arch, None, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
+            results.append(
+                evaluate(model, loader(), device, f"random init (seed {args.seed})", args.max_batches)
+            )
     return {
         "model_dir": shown,
         "model": model_name,
@@ -316,13 +353,66 @@ def run(args: argparse.Namespace) -> dict:
         "batch_size": args.batch_size,
         "ln_vocab": math.log(arch.vocab_size),
         "results": [asdict(r) for r in results],
+        **extra,
     }
+
+
+def _score_pairs(args, model, vocab: int, data, loader, shown: str, device) -> tuple[list, dict]:
+    """The model's and then the reference's pass over the pairs (one model in memory at a time)."""
+    import dataclasses
+
+    from qwen3_titan_common.components.preference import PreferenceOptions
+    from qwen3_titan_common.models.attention import uses_document_blocks
+    from qwen3_titan_common.scripts.eval_pairs import pair_sums, records_of, score_pairs
+
+    if args.reference is None:
+        raise EvalError(
+            f"{_describe(data)} holds preference pairs: their DPO loss compares the model with the one training "
+            "started from; pass that as --reference DIR"
+        )
+    if args.random_init:
+        raise EvalError("--random-init: scores text and chat data; drop it with preference pairs")
+    options = PreferenceOptions(
+        beta=args.beta,
+        loss_type=args.loss_type,
+        label_smoothing=args.label_smoothing,
+        sft_weight=args.sft_weight,
+    )
+    reference_dir = _open(args.reference, flag="--reference")
+    reference_vocab = reference_dir.architecture.vocab_size
+    if reference_vocab != vocab:
+        raise EvalError(
+            f"--reference {args.reference}: vocab_size {reference_vocab} (config.json), the model's is {vocab}; "
+            "the reference is the model training started from, with the same tokenizer"
+        )
+    # The prompt computed once where the model's attention reads continuations, as training packs pairs.
+    data = dataclasses.replace(data, share_prompt=uses_document_blocks(getattr(model, "config", None)))
+    records = records_of(loader(data))
+    policy = pair_sums(model, loader(data), records, device, args.max_batches)
+    del model
+    build, _ = eval_model_builder(args.backend)
+    reference_model = build(
+        reference_dir.architecture,
+        reference_dir,
+        dtype=DTYPES[args.dtype],
+        seq_len=args.seq_len,
+        seed=args.seed,
+    )
+    reference = pair_sums(reference_model, loader(data), records, device, args.max_batches)
+    result = score_pairs(shown, policy, reference, options, args.seq_len)
+    return [result], {"reference": str(reference_dir.path), "dpo": options.describe()}
 
 
 def _table(report: dict) -> str:
     lines = [
         f"{report['model_dir']}: {report['model']} on {report['device']} ({report['dtype']}), "
         f"{_describe_rows(report)} of {report['data']}",
+    ]
+    if "reference" in report:
+        from qwen3_titan_common.scripts.eval_pairs import pairs_table
+
+        return "\n".join(lines + pairs_table(report))
+    lines += [
         "",
         "| model | loss | perplexity | tokens | tokens/s |",
         "|---|---|---|---|---|",

@@ -5,7 +5,9 @@ memory and run it every step, the starting model computes every pair's once, bef
 over the training pairs, in file order, dealt to the data-parallel ranks as training deals rows), and the
 table goes to ``<dump_folder>/reference_logps.safetensors``: per record of the training data, the chosen and
 rejected completions' summed log-probabilities. A resumed run reads it back (its weights have moved since;
-recomputing would change the reference), and refuses one written for other data.
+recomputing would change the reference), and refuses one written for other data. With validation on, the
+held-out pairs get theirs the same way, from the rows validation reads, into
+``reference_logps_validation.safetensors``.
 
 The values are those of the step-1 forward up to the order of floating-point sums: the same model, the same
 per-document attention, in the training's own context (``train_context``), without gradients.
@@ -31,6 +33,7 @@ from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.perf.progress import Phase
 
 REFERENCE_FILE = "reference_logps.safetensors"
+VALIDATION_REFERENCE_FILE = "reference_logps_validation.safetensors"
 _FORMAT = "1"
 
 
@@ -104,41 +107,8 @@ def reference_metadata(dataset: RecordStreamDataset) -> dict[str, str]:
 
 
 def reference_logps(trainer) -> ReferenceLogps:
-    """The run's reference: read back when resuming, else computed now by the model as loaded."""
+    """The training pairs' reference: read back when resuming, else computed now by the model as loaded."""
     dataset: RecordStreamDataset = trainer.dataloader.dataset
-    path = Path(trainer.config.dump_folder) / REFERENCE_FILE
-    expected = reference_metadata(dataset)
-    if trainer.step > 0:
-        if not path.is_file():
-            raise UserInputError(
-                f"{path} is missing: a preference run resumed at step {trainer.step} needs the reference "
-                "log-probabilities its first step computed (the weights have moved since); use a new --dump_folder"
-            )
-        reference = ReferenceLogps.load(path, expected)
-        logger.info(f"[dpo] reference log-probabilities of {reference.pairs:,} pairs read from {path}")
-        return reference
-    started = time.perf_counter()
-    reference, stream = _compute(trainer, dataset)
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if rank0:
-        reference.save(path, expected)
-    if dist.is_initialized():
-        dist.barrier()
-    identical = (
-        f"; {stream.identical_pairs:,} with identical chosen and rejected (no signal)"
-        if stream.identical_pairs
-        else ""
-    )
-    skipped = f"; {stream.skipped.count:,} bad record(s) skipped" if stream.skipped.count else ""
-    logger.info(
-        f"[dpo] reference log-probabilities of {reference.pairs:,} pairs computed by the starting model in "
-        f"{time.perf_counter() - started:.1f} s{identical}{skipped}; kept in {path} (a resume reads them)"
-    )
-    return reference
-
-
-def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, RecordStreamDataset]:
-    loss: PreferenceLoss = trainer.loss_fn
     stream = RecordStreamDataset(
         dataset.source,
         dataset.tokens,
@@ -147,13 +117,58 @@ def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, Rec
         dp_world_size=dataset.dp_world_size,
         local_batch_size=dataset.local_batch_size,
     )
-    records = len(dataset.source)
+    # The finite stream ends on a whole group (padding rows complete it): the same batches on every rank.
+    batches = DataLoader(stream, batch_size=dataset.local_batch_size)
+    return _read_or_compute(trainer, REFERENCE_FILE, stream, batches, "pairs", counted=stream)
+
+
+def validation_reference_logps(trainer) -> ReferenceLogps:
+    """The held-out pairs' reference (validation's): computed with the training pairs', from the rows
+    validation reads (``Qwen3Validator.batches``), so validation at step 0 would be ln 2 as step 1 is."""
+    loader, batches = trainer.validator.batches()
+    stream = loader.dataset.stream
+    return _read_or_compute(trainer, VALIDATION_REFERENCE_FILE, stream, batches, "held-out pairs")
+
+
+def _read_or_compute(trainer, name, stream, batches, what, *, counted=None) -> ReferenceLogps:
+    """Read back from ``<dump_folder>/<name>`` when resuming, else computed from ``batches`` and saved there;
+    ``counted``: the stream whose identical and skipped pairs the line reports."""
+    path = Path(trainer.config.dump_folder) / name
+    expected = reference_metadata(stream)
+    if trainer.step > 0:
+        if not path.is_file():
+            raise UserInputError(
+                f"{path} is missing: a preference run resumed at step {trainer.step} needs the reference "
+                "log-probabilities its first step computed (the weights have moved since); use a new --dump_folder"
+            )
+        reference = ReferenceLogps.load(path, expected)
+        logger.info(f"[dpo] reference log-probabilities of {reference.pairs:,} {what} read from {path}")
+        return reference
+    started = time.perf_counter()
+    reference = _compute(trainer, batches, records=len(stream.source))
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if rank0:
+        reference.save(path, expected)
+    if dist.is_initialized():
+        dist.barrier()
+    notes = ""
+    if counted is not None and counted.identical_pairs:
+        notes += f"; {counted.identical_pairs:,} with identical chosen and rejected (no signal)"
+    if counted is not None and counted.skipped.count:
+        notes += f"; {counted.skipped.count:,} bad record(s) skipped"
+    logger.info(
+        f"[dpo] reference log-probabilities of {reference.pairs:,} {what} computed by the starting model in "
+        f"{time.perf_counter() - started:.1f} s{notes}; kept in {path} (a resume reads them)"
+    )
+    return reference
+
+
+def _compute(trainer, batches, *, records: int) -> ReferenceLogps:
+    loss: PreferenceLoss = trainer.loss_fn
     table_R2 = torch.zeros(records, 2, dtype=torch.float64, device=trainer.device)
     seen_R = torch.zeros(records, dtype=torch.float64, device=trainer.device)
     model = trainer.model_parts[0]
     tokens_seen = trainer.ntokens_seen
-    # The finite stream ends on a whole group (padding rows complete it): the same batches on every rank.
-    batches = DataLoader(stream, batch_size=dataset.local_batch_size)
     with Phase(f"reference log-probabilities of {records:,} records"):
         for input_dict, markers in batches:
             input_dict = {key: value.to(trainer.device) for key, value in input_dict.items()}
@@ -163,7 +178,7 @@ def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, Rec
             inputs, _, extra = trainer.post_dataloading_process(input_dict, markers)
             with torch.no_grad(), trainer.train_context():
                 hidden = model(inputs, **extra)
-            layout, sums_P2, _ = loss.pair_logps(hidden, batch)
+                layout, sums_P2, _ = loss.pair_logps(hidden, batch)
             table_R2[layout.records_P] = sums_P2.to(table_R2)
             seen_R[layout.records_P] = 1.0
     trainer.ntokens_seen = tokens_seen
@@ -177,4 +192,4 @@ def _compute(trainer, dataset: RecordStreamDataset) -> tuple[ReferenceLogps, Rec
         group = trainer.parallel_dims.get_mesh("batch").get_group()
         dist.all_reduce(table_R2, group=group)
         dist.all_reduce(seen_R, group=group)
-    return ReferenceLogps(table_R2.cpu(), seen_R.cpu() > 0), stream
+    return ReferenceLogps(table_R2.cpu(), seen_R.cpu() > 0)

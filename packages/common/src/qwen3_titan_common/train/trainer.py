@@ -192,8 +192,10 @@ class Qwen3Trainer(Trainer):
             # Its output projection runs outside the model's forward, in the model's compute dtype.
             self.loss_fn.compute_dtype = model_compute_dtype(self.model_parts[0])
         if isinstance(self.loss_fn, PreferenceLoss):
+            dims = self.parallel_dims
             self.loss_fn.bind(
-                self.parallel_dims.get_mesh("batch").get_group() if self.parallel_dims.dp_enabled else None
+                dims.get_mesh("batch").get_group() if dims.dp_enabled else None,
+                context=dims.get_mesh("cp").get_group() if dims.cp_enabled else None,
             )
             self.metrics_processor.preference = self.loss_fn
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
@@ -368,9 +370,11 @@ class Qwen3Trainer(Trainer):
         sl.log_trace_instant("training_start")
         self.checkpointer.load(step=config.checkpoint.load_step)
         if isinstance(self.loss_fn, PreferenceLoss):
-            from qwen3_titan_common.train.preference import reference_logps
+            from qwen3_titan_common.train.preference import reference_logps, validation_reference_logps
 
             self.loss_fn.reference = reference_logps(self)
+            if config.validator.enable:
+                self.validator.reference = validation_reference_logps(self)
         started_after = self.step
         logger.info(f"Training starts at step {started_after + 1}")
         with config.profiler.build(global_step=self.step, base_folder=config.dump_folder) as profiler:
