@@ -226,9 +226,10 @@ def test_loss_and_gradients_equal_the_direct_computation(options):
     loss_fn = PreferenceLoss.Config(options=options, chunk_tokens=16).build()  # several chunks
     loss_fn.set_lm_head(lm_head)
     loss_fn.reference = ReferenceLogps(reference, torch.ones(records, dtype=torch.bool))
-    loss_fn.set_batch(batch)
+    markers = torch.zeros(rows, length, dtype=torch.int64)
+    loss_fn.expect(markers, batch)
     pairs = torch.tensor(records)  # what torchtitan's count of the rows' markers gives
-    loss, _ = loss_fn(hidden, torch.zeros(rows, length, dtype=torch.int64), pairs)
+    loss, _ = loss_fn(hidden, markers, pairs)
     loss.backward()
     # float64 throughout (the two differ by the order of sums over a few hundred terms), but the loss torchtitan
     # logs is returned in float32: half a float32 ulp of it.
@@ -249,14 +250,14 @@ def test_policy_at_the_reference_gives_ln2():
     hidden = torch.randn(rows, length, dim, requires_grad=True)
     loss_fn = PreferenceLoss.Config().build()
     loss_fn.set_lm_head(lm_head)
-    loss_fn.set_batch(batch)
     # The reference is the policy itself: every pair's h is 0, whatever the fp32 rounding of its sums.
     layout, policy, _ = loss_fn.pair_logps(hidden, batch)
     table = torch.zeros(records, 2, dtype=torch.float64)
     table[layout.records_P] = policy
     loss_fn.reference = ReferenceLogps(table, torch.ones(records, dtype=torch.bool))
-    loss_fn.set_batch(batch)
-    loss, _ = loss_fn(hidden, torch.zeros(rows, length, dtype=torch.int64), torch.tensor(records))
+    markers = torch.zeros(rows, length, dtype=torch.int64)
+    loss_fn.expect(markers, batch)
+    loss, _ = loss_fn(hidden, markers, torch.tensor(records))
     assert abs(float(loss) - math.log(2)) <= 1e-6  # ln 2 rounded to fp32
     assert loss_fn.step_metrics()["accuracy"] == 0.0
 
@@ -350,8 +351,9 @@ def test_rows_of_padding_only_train_nothing_and_still_project():
     loss_fn.reference = ReferenceLogps(
         torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, dtype=torch.bool)
     )
-    loss_fn.set_batch(batch)
-    loss, _ = loss_fn(hidden, torch.full((1, 16), IGNORE_INDEX), torch.tensor(4))
+    markers = torch.full((1, 16), IGNORE_INDEX)
+    loss_fn.expect(markers, batch)
+    loss, _ = loss_fn(hidden, markers, torch.tensor(4))
     loss.backward()
     assert float(loss) == 0.0 and not hidden.grad.any()
     assert lm_head.weight.grad is not None and not lm_head.weight.grad.any()

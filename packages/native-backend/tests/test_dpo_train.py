@@ -3,7 +3,7 @@
 Step 1 starts with the policy equal to the reference, so its loss is ln 2; validation scores the held-out
 pairs against their own reference, and ``eval`` of the export scores them as the last validation did; a
 resumed run reads both references the first run computed and trains on as the uninterrupted run does; FSDP,
-tensor and context parallelism over 2 ranks train what one rank trains. (LoRA, and one pair per row: the nki-moe and
+tensor, context and pipeline parallelism over 2 ranks train what one rank trains. (LoRA, and one pair per row: the nki-moe and
 hf-v5 backends' tests; the objective and the data that do not agree, and bad pairs:
 test_reliability_launcher.py and common's test_preference.py.)
 """
@@ -44,7 +44,8 @@ def _train(args, cwd):
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("dpo") / "source")
+    # Untied, so that pipeline stages can hold the two ends.
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("dpo") / "source", tied=False)
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +197,10 @@ def test_resume_reads_the_reference_and_trains_as_the_straight_run(dpo_run):
         ["--parallelism.tensor_parallel_degree", "2"],
         # Each rank holds half of every row's tokens: a pair's sums add both ranks' shares.
         ["--parallelism.context_parallel_degree", "2"],
+        # Each rank holds half the layers, the last stage the loss: 8 micro-batches of a row each.
+        ["--parallelism.pipeline_parallel_degree", "2"],
     ],
-    ids=["fsdp-2", "tp-2", "cp-2"],
+    ids=["fsdp-2", "tp-2", "cp-2", "pp-2"],
 )
 def test_two_ranks_train_what_one_rank_trains(source, dpo_run, layout):
     _, log = dpo_run

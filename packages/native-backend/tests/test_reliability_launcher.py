@@ -1038,13 +1038,12 @@ def test_preference_pairs_without_dpo(fails):
     )
 
 
-def test_dpo_with_a_layout_it_does_not_run(fails, tmp_path):
-    untied = make_tiny_checkpoint(tmp_path / "untied", tied=False)
+def test_dpo_with_the_router_balance_loss(fails, tmp_path):
+    moe = make_tiny_checkpoint(tmp_path / "moe", moe=True)
     fails(
-        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--hf-model", str(untied), "--nproc", "2",
-         "--parallelism.pipeline_parallel_degree", "2"],
-        "--parallelism.pipeline_parallel_degree 2: --objective dpo runs with data (FSDP/HSDP), tensor, context and "
-        "expert parallelism, not in pipeline stages so far",
+        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--hf-model", str(moe),
+         "--moe.router_aux_loss", "on"],
+        "--moe.router_aux_loss on: the router balance loss is not added to the preference loss",
     )  # fmt: skip
 
 

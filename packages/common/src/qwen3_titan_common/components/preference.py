@@ -235,20 +235,54 @@ class PreferenceLoss(TrainedTokenLoss):
         self.options = config.options
         self.chunk_tokens = config.chunk_tokens
         self.reference = None  # train.preference.ReferenceLogps, set before the first step
-        self._batch: PreferenceBatch | None = None
+        # The labels of the loss's next calls, each with its batch: one, or a step's micro-batches.
+        self._expected: list[tuple[torch.Tensor, PreferenceBatch]] = []
+        self._recorded: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         # Per step, summed over its micro-batches: [loss, acc, beta h, reward c, reward r, pairs].
         self._stats: torch.Tensor | None = None
         self._group = None
         self._context = None
+        self._pipeline = None
+        self._pipeline_device = None
 
-    def bind(self, group, context=None) -> None:
-        """The data-parallel group the step's metrics are summed over (None: one rank), and the context-parallel
-        group whose ranks each hold a share of every row (None: none)."""
+    def bind(self, group, context=None, pipeline=None, device=None) -> None:
+        """The data-parallel group the step's metrics are summed over (None: one rank), the context-parallel
+        group whose ranks each hold a share of every row, and the pipeline group whose last stage alone computes
+        the loss (None: none), whose collectives run on ``device``."""
         self._group = group
         self._context = context
+        self._pipeline = pipeline
+        self._pipeline_device = device
 
-    def set_batch(self, batch: PreferenceBatch | None) -> None:
-        self._batch = batch
+    def expect(self, labels: torch.Tensor, batch: PreferenceBatch | None) -> None:
+        """The pairs of the loss's call on ``labels`` (the tensor the trainer hands it): one call per
+        micro-batch, in whatever order a pipeline schedule's last stage makes them."""
+        if batch is None:
+            raise RuntimeError("PreferenceLoss: a batch without preference pairs")
+        self._expected.append((labels, batch))
+
+    def _batch_for(self, labels: torch.Tensor) -> tuple[PreferenceBatch, bool]:
+        """The batch expected for ``labels``, and whether this call counts. torch's pipeline stages call the
+        loss once more before their first backward, on the first micro-batch's labels detached (to infer the
+        gradients' shapes; the gradients it makes are cleared): that call is computed alike and not counted."""
+        for index, (expected, batch) in enumerate(self._expected):
+            if expected is labels:
+                del self._expected[index]
+                return batch, True
+        for expected, batch in self._expected:
+            if expected.data_ptr() == labels.data_ptr() and expected.shape == labels.shape:
+                return batch, False
+        raise RuntimeError("PreferenceLoss: called without the batch's pairs (Qwen3Trainer expects them)")
+
+    @contextlib.contextmanager
+    def recording(self):
+        """The reference pass through a pipeline schedule: each call records its pairs' records and summed
+        log-probabilities (into the list yielded) instead of computing a loss."""
+        self._recorded = []
+        try:
+            yield self._recorded
+        finally:
+            self._recorded = None
 
     def start_step(self) -> None:
         self._stats = None
@@ -266,11 +300,18 @@ class PreferenceLoss(TrainedTokenLoss):
 
     def step_metrics(self) -> dict[str, float] | None:
         """The step's pair metrics over every data-parallel rank (a collective: every rank calls it)."""
-        if self._stats is None:
+        stats = self._stats
+        if stats is None:
+            if self._pipeline is None:
+                return None
+            stats = torch.zeros(6, dtype=torch.float64, device=self._pipeline_device)
+        total = stats.detach().to(torch.float64).clone()
+        # Under pipeline parallelism only the last stage holds any: summed over the pipeline first.
+        for group in (self._pipeline, self._group):
+            if group is not None:
+                dist.all_reduce(total, group=group)
+        if float(total[-1]) == 0:
             return None
-        total = self._stats.detach().to(torch.float64).clone()
-        if self._group is not None:
-            dist.all_reduce(total, group=self._group)
         pairs = max(float(total[-1]), 1.0)
         names = ("loss", "accuracy", "margin", "reward_chosen", "reward_rejected")
         means = {name: float(value) / pairs for name, value in zip(names, total[:-1], strict=True)}
@@ -354,9 +395,12 @@ class PreferenceLoss(TrainedTokenLoss):
         global_valid_tokens: torch.Tensor | None = None,
         **loss_inputs: Any,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        batch, self._batch = self._batch, None
-        if batch is None:
-            raise RuntimeError("PreferenceLoss: called without the batch's pairs (Qwen3Trainer sets them)")
+        batch, counted = self._batch_for(labels)
+        if self._recorded is not None:
+            if counted:
+                layout, sums_P2, _ = self.pair_logps(pred, batch)
+                self._recorded.append((layout.records_P, sums_P2))
+            return pred.new_zeros(()), {}
         if self.reference is None:
             raise RuntimeError("PreferenceLoss: called before the reference log-probabilities were set")
         completions = self._completions(pred, batch)
@@ -368,7 +412,8 @@ class PreferenceLoss(TrainedTokenLoss):
             losses_P, stats_P4 = preference_losses(policy_P2, reference_P2, counts_P2, self.options)
             # Without a divisor (validation), the sum over pairs: its caller divides by the pairs of every rank.
             value = losses_P.sum() / (global_valid_tokens if global_valid_tokens is not None else 1)
-        self._keep_stats(losses_P.detach(), stats_P4, layout.pairs)
+        if counted:
+            self._keep_stats(losses_P.detach(), stats_P4, layout.pairs)
         # Every CP rank computes every pair's loss; the loss mesh (batch x cp) sums one share from each.
         shares = dist.get_world_size(self._context) if self._context is not None else 1
         reported = value.detach().float() / shares
@@ -400,13 +445,6 @@ def with_preference_loss(config, device_type: str):
 
     if config.objective != "dpo":
         return config
-    parallelism = config.parallelism
-    degree = getattr(parallelism, "pipeline_parallel_degree", 1)
-    if degree > 1:
-        raise UserInputError(
-            f"--parallelism.pipeline_parallel_degree {degree}: --objective dpo runs with data (FSDP/HSDP), tensor, "
-            "context and expert parallelism, not in pipeline stages so far; use 1 (docs/preference.md)"
-        )
     if device_type == "neuron":
         raise UserInputError(
             "--objective dpo: preference training selects each batch's completion tokens, a shape Neuron would "

@@ -77,15 +77,17 @@ class Qwen3Validator(Validator):
     def batches(self):
         """The batches one validation reads (the loader torchtitan's ``validate`` builds, cut at
         ``--validator.steps``): what the reference pass of preference training computes beforehand."""
+        pipelined = self.parallel_dims.pp_enabled
+        microbatch = self.parallelism.pipeline_parallel_microbatch_size
         loader = self.dl_config.build(
             dp_world_size=self.dp_world_size,
             dp_rank=self.dp_rank,
             tokenizer=self.tokenizer,
             seq_len=self.seq_len,
-            local_batch_size=self.local_batch_size,
+            local_batch_size=microbatch if pipelined else self.local_batch_size,
         )
-        steps = self.config.steps
-        return loader, (loader if steps == -1 else itertools.islice(loader, steps))
+        steps = self.config.steps * (self.local_batch_size // microbatch if pipelined else 1)
+        return loader, (loader if self.config.steps == -1 else itertools.islice(loader, steps))
 
     def validate(self, model_parts: list[nn.Module], step: int) -> None:
         # A large model's validation takes minutes: past 5 s, a line every 5 s (perf.progress).
@@ -103,17 +105,20 @@ class Qwen3Validator(Validator):
     def post_dataloading_process(self, input_dict, labels, model_parts):
         """torchtitan's, except under context parallelism with our per-document attention (as the trainer's);
         a row of preference pairs' targets and records go to the loss, not to the model."""
-        if isinstance(self.loss_fn, PreferenceLoss):
-            self.loss_fn.set_batch(take_preference_batch(input_dict))
+        pairs = take_preference_batch(input_dict) if isinstance(self.loss_fn, PreferenceLoss) else None
         model_config = getattr(model_parts[0], "config", None)
         if not (self.parallel_dims.cp_enabled and uses_document_blocks(model_config)):
-            return Validator.post_dataloading_process(self, input_dict, labels, model_parts)
-        return split_for_context_parallel(
-            input_dict,
-            labels,
-            attention=document_attention_of(model_config),
-            group=self.parallel_dims.get_mesh("cp").get_group(),
-        )
+            inputs, labels, extra = Validator.post_dataloading_process(self, input_dict, labels, model_parts)
+        else:
+            inputs, labels, extra = split_for_context_parallel(
+                input_dict,
+                labels,
+                attention=document_attention_of(model_config),
+                group=self.parallel_dims.get_mesh("cp").get_group(),
+            )
+        if pairs is not None and self.pp_has_last_stage is not False:  # None without pipeline parallelism
+            self.loss_fn.expect(labels, pairs)
+        return inputs, labels, extra
 
 
 def _cuda_devices_in_use() -> list[int]:
@@ -132,6 +137,10 @@ def with_validation_data(config):
     if not validator.enable or not isinstance(validator, Qwen3Validator.Config):
         return config
     train_data, val_data, source = choose_validation_data(config.dataloader, validator.dataloader)
+    parallelism = config.parallelism
+    if parallelism.pipeline_parallel_degree > 1:
+        microbatches = config.training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
+        val_data = dataclasses.replace(val_data, microbatches=max(1, microbatches))
     steps = config.training.steps
     batches = "all of it" if validator.steps == -1 else f"at most {validator.steps} batches"
     logger.info(

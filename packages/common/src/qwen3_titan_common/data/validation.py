@@ -51,11 +51,13 @@ class ValidationRows(IterableDataset):
         dp_rank: int,
         dp_world_size: int,
         local_batch_size: int,
+        microbatches: int = 1,
     ):
         self.stream = stream
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.local_batch_size = local_batch_size
+        self.microbatches = microbatches
         self._start = stream.state_dict()
 
     def padding_row(self) -> Sample:
@@ -67,8 +69,10 @@ class ValidationRows(IterableDataset):
         # Every iteration is the same pass: the stream goes back to its first record.
         self.stream.load_state_dict(self._start)
         rows = iter(self.stream)
-        global_batch = self.dp_world_size * self.local_batch_size
-        mine = slice(self.dp_rank * self.local_batch_size, (self.dp_rank + 1) * self.local_batch_size)
+        # A validation step reads `microbatches` batches on each rank (pipeline parallelism): whole steps.
+        per_rank = self.local_batch_size * self.microbatches
+        global_batch = self.dp_world_size * per_rank
+        mine = slice(self.dp_rank * per_rank, (self.dp_rank + 1) * per_rank)
         while True:
             group = list(itertools.islice(rows, global_batch))
             if not group:
@@ -99,6 +103,10 @@ class ValidationDataLoader(ParallelAwareDataloader):
 
         held_out: Annotated[float | None, tyro.conf.Suppress] = None
         """The held-out share of the dataset (the training data's --dataloader.held_out)."""
+
+        microbatches: Annotated[int, tyro.conf.Suppress] = 1
+        """Batches each rank reads per validation step (pipeline parallelism's micro-batches): the pass is
+        padded to whole steps, so none of its rows is left out."""
 
         packing: Annotated[bool, tyro.conf.Suppress] = True
         """Whether rows hold several documents: the training data's --dataloader.packing, so validation rows
@@ -140,6 +148,7 @@ class ValidationDataLoader(ParallelAwareDataloader):
             dp_rank=dp_rank,
             dp_world_size=dp_world_size,
             local_batch_size=local_batch_size,
+            microbatches=config.microbatches,
         )
         # Workers would each deal the whole pass again: the pass is read in this process.
         super().__init__(

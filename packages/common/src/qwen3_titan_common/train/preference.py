@@ -16,6 +16,7 @@ per-document attention, in the training's own context (``train_context``), witho
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from pathlib import Path
@@ -24,11 +25,12 @@ import torch
 import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.components.preference import PreferenceLoss, take_preference_batch
-from qwen3_titan_common.data.dataset import RecordStreamDataset
+from qwen3_titan_common.data.dataset import RecordStreamDataset, sample_of
+from qwen3_titan_common.data.packing import padding_row
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.perf.progress import Phase
 
@@ -145,7 +147,7 @@ def _read_or_compute(trainer, name, stream, batches, what, *, counted=None) -> R
         logger.info(f"[dpo] reference log-probabilities of {reference.pairs:,} {what} read from {path}")
         return reference
     started = time.perf_counter()
-    reference = _compute(trainer, batches, records=len(stream.source))
+    reference = _compute(trainer, batches, records=len(stream.source), stream=stream)
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     if rank0:
         reference.save(path, expected)
@@ -163,24 +165,20 @@ def _read_or_compute(trainer, name, stream, batches, what, *, counted=None) -> R
     return reference
 
 
-def _compute(trainer, batches, *, records: int) -> ReferenceLogps:
-    loss: PreferenceLoss = trainer.loss_fn
+def _compute(trainer, batches, *, records: int, stream: RecordStreamDataset) -> ReferenceLogps:
     table_R2 = torch.zeros(records, 2, dtype=torch.float64, device=trainer.device)
     seen_R = torch.zeros(records, dtype=torch.float64, device=trainer.device)
-    model = trainer.model_parts[0]
     tokens_seen = trainer.ntokens_seen
+    pipelined = trainer.parallel_dims.pp_enabled
     with Phase(f"reference log-probabilities of {records:,} records"):
-        for input_dict, markers in batches:
-            input_dict = {key: value.to(trainer.device) for key, value in input_dict.items()}
-            markers = markers.to(trainer.device)
-            batch = take_preference_batch(input_dict)
-            assert batch is not None
-            inputs, _, extra = trainer.post_dataloading_process(input_dict, markers)
-            with torch.no_grad(), trainer.train_context():
-                hidden = model(inputs, **extra)
-                layout, sums_P2, _ = loss.pair_logps(hidden, batch)
-            table_R2[layout.records_P] = sums_P2.to(table_R2)
-            seen_R[layout.records_P] = 1.0
+        found = (
+            _through_the_pipeline(trainer, batches, stream)
+            if pipelined
+            else _through_the_model(trainer, batches)
+        )
+        for records_P, sums_P2 in found:
+            table_R2[records_P] = sums_P2.to(table_R2)
+            seen_R[records_P] = 1.0
     trainer.ntokens_seen = tokens_seen
     for (
         part
@@ -188,8 +186,58 @@ def _compute(trainer, batches, *, records: int) -> ReferenceLogps:
         take = getattr(part, "take_expert_counts", None)
         if callable(take):
             take()
-    if trainer.parallel_dims.dp_enabled:
-        group = trainer.parallel_dims.get_mesh("batch").get_group()
-        dist.all_reduce(table_R2, group=group)
-        dist.all_reduce(seen_R, group=group)
+    # Only the last pipeline stage computed any; each data-parallel rank its own rows.
+    dims = trainer.parallel_dims
+    for mesh, enabled in (("pp", dims.pp_enabled), ("batch", dims.dp_enabled)):
+        if enabled:
+            group = dims.get_mesh(mesh).get_group()
+            dist.all_reduce(table_R2, group=group)
+            dist.all_reduce(seen_R, group=group)
     return ReferenceLogps(table_R2.cpu(), seen_R.cpu() > 0)
+
+
+def _on_device(trainer, input_dict, markers):
+    input_dict = {key: value.to(trainer.device) for key, value in input_dict.items()}
+    batch = take_preference_batch(input_dict)
+    assert batch is not None
+    return batch, *trainer.post_dataloading_process(input_dict, markers.to(trainer.device))
+
+
+def _through_the_model(trainer, batches):
+    """Each batch's pairs: records and summed log-probabilities, the model whole on this rank."""
+    loss: PreferenceLoss = trainer.loss_fn
+    model = trainer.model_parts[0]
+    for input_dict, markers in batches:
+        batch, inputs, _, extra = _on_device(trainer, input_dict, markers)
+        with torch.no_grad(), trainer.train_context():
+            hidden = model(inputs, **extra)
+            layout, sums_P2, _ = loss.pair_logps(hidden, batch)
+        yield layout.records_P, sums_P2
+
+
+def _through_the_pipeline(trainer, batches, stream: RecordStreamDataset):
+    """The same through the pipeline schedule, its micro-batches a step's (the stream's batches, the last
+    group completed with padding rows); on the last stage the loss records what it computes."""
+    loss: PreferenceLoss = trainer.loss_fn
+    microbatches = trainer.num_pipeline_parallel_microbatches
+    batches = iter(batches)
+    while group := list(itertools.islice(batches, microbatches)):
+        rows = group[0][1].shape[0]
+        padding = sample_of(padding_row(stream.settings.seq_len, stream.tokens.eos_id), preference=True)
+        group += [default_collate([padding] * rows)] * (microbatches - len(group))
+        arg_mbs, kwarg_mbs, target_mbs = [], [], []
+        for input_dict, markers in group:
+            batch, inputs, labels, extra = _on_device(trainer, input_dict, markers)
+            if trainer.pp_has_last_stage:
+                loss.expect(labels, batch)
+            arg_mbs.append((inputs,))
+            kwarg_mbs.append(extra)
+            target_mbs.append(labels)
+        with torch.no_grad(), trainer.train_context(), loss.recording() as recorded:
+            trainer.pp_schedule.eval(
+                arg_mbs=arg_mbs if trainer.pp_has_first_stage else None,
+                kwarg_mbs=kwarg_mbs,
+                target_mbs=target_mbs if trainer.pp_has_last_stage else None,
+                losses=[] if trainer.pp_has_last_stage else None,
+            )
+        yield from recorded

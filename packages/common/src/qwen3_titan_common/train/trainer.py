@@ -196,6 +196,8 @@ class Qwen3Trainer(Trainer):
             self.loss_fn.bind(
                 dims.get_mesh("batch").get_group() if dims.dp_enabled else None,
                 context=dims.get_mesh("cp").get_group() if dims.cp_enabled else None,
+                pipeline=dims.get_mesh("pp").get_group() if dims.pp_enabled else None,
+                device=self.device,
             )
             self.metrics_processor.preference = self.loss_fn
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
@@ -295,16 +297,22 @@ class Qwen3Trainer(Trainer):
 
     def post_dataloading_process(self, input_dict, labels):
         """torchtitan's, except under context parallelism with our per-document attention: this CP rank's share
-        of each row and its block pairs against the whole row (``models.context_parallel``)."""
+        of each row and its block pairs against the whole row (``models.context_parallel``). A row of preference
+        pairs' targets and records go to the preference loss (with the labels it will be called on), not to
+        the model."""
+        pairs = take_preference_batch(input_dict) if isinstance(self.loss_fn, PreferenceLoss) else None
         if not (self.parallel_dims.cp_enabled and uses_document_blocks(self.model_config)):
-            return super().post_dataloading_process(input_dict, labels)
-        inputs, labels, extra = split_for_context_parallel(
-            input_dict,
-            labels,
-            attention=document_attention_of(self.model_config),
-            group=self.parallel_dims.get_mesh("cp").get_group(),
-        )
-        self.ntokens_seen += labels.numel()
+            inputs, labels, extra = super().post_dataloading_process(input_dict, labels)
+        else:
+            inputs, labels, extra = split_for_context_parallel(
+                input_dict,
+                labels,
+                attention=document_attention_of(self.model_config),
+                group=self.parallel_dims.get_mesh("cp").get_group(),
+            )
+            self.ntokens_seen += labels.numel()
+        if pairs is not None and (not self.parallel_dims.pp_enabled or self.pp_has_last_stage):
+            self.loss_fn.expect(labels, pairs)
         return inputs, labels, extra
 
     def batch_generator(self, data_iterable):
@@ -316,17 +324,6 @@ class Qwen3Trainer(Trainer):
             trained = input_dict.get("dpo_targets", labels)
             self.metrics_processor.trained_tokens_since_last_log += int((trained != IGNORE_INDEX).sum())
             yield input_dict, labels
-
-    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
-        """torchtitan's, with a row of preference pairs' targets and records handed to the preference loss
-        rather than to the model."""
-        if isinstance(self.loss_fn, PreferenceLoss):
-            if isinstance(input_dict, list):
-                raise RuntimeError("preference training runs without pipeline parallelism")
-            self.loss_fn.set_batch(take_preference_batch(input_dict))
-        return super().forward_backward_step(
-            input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
-        )
 
     def train_step(self, data_iterator) -> None:
         if self.first_trained_step is None:
