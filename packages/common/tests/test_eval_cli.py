@@ -26,6 +26,11 @@ def dense(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def other_vocab(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("other-vocab") / "ckpt", vocab_size=4160)
+
+
+@pytest.fixture(scope="module")
 def moe(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("moe") / "ckpt", moe=True, tied=False)
 
@@ -186,6 +191,10 @@ def _listing(*roots):
             ["{dense}", "--dataset", "{pairs}", "--reference", "{dense}", "--dpo.beta", "0"],
             "--dpo.beta 0.0: expected a positive number",
         ),
+        (
+            ["{dense}", "--dataset", "{pairs}", "--reference", "{other_vocab}"],
+            "--reference {other_vocab}: vocab_size 4160 (config.json), the model's is 4096",
+        ),
     ],
     ids=[
         "missing-dir",
@@ -205,9 +214,12 @@ def _listing(*roots):
         "missing-reference",
         "pairs-at-random-init",
         "zero-beta",
+        "reference-of-another-vocabulary",
     ],  # fmt: skip
 )
-def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch, dense, argv, fragment):
+def test_bad_input_is_one_line_and_writes_nothing(
+    capsys, tmp_path, monkeypatch, dense, other_vocab, argv, fragment
+):
     monkeypatch.chdir(tmp_path)
     bad_record = tmp_path / "bad.jsonl"
     bad_record.write_text('{"text": "fine"}\n{"text": 3}\n')
@@ -220,6 +232,7 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, monkeypatch,
         "dense": dense,
         "bad_record": bad_record,
         "pairs": pairs,
+        "other_vocab": other_vocab,
         "hub_adapter": _hub_adapter(tmp_path / "adapter", dense),
         "untokenized": _without_tokenizer(tmp_path / "untokenized", dense),
     }

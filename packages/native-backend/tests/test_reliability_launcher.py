@@ -1047,7 +1047,44 @@ def test_dpo_with_the_router_balance_loss(fails, tmp_path):
     )  # fmt: skip
 
 
+def test_validation_data_of_another_kind_than_training(fails, tmp_path):
+    fails(
+        ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--validator.enable",
+         "--validator.dataloader.dataset", "default"],
+        "--validator.dataloader.dataset 'default' holds text records, and the run trains on preference records",
+    )  # fmt: skip
+    fails(
+        ["--validator.enable", "--validator.dataloader.dataset", "default-pairs"],
+        "--validator.dataloader.dataset 'default-pairs' holds preference records, and the run trains on text",
+    )  # fmt: skip
+
+
 def test_dpo_values_no_one_can_mean(fails):
     fails(
         ["--objective", "dpo", "--dataloader.dataset", "default-pairs", "--dpo.beta", "0"], "--dpo.beta 0.0"
     )
+
+
+def test_dpo_with_context_parallelism_over_flex_attention():
+    """CUDA's default attention is torchtitan's Flex, whose context parallelism splits rows its own way; the
+    preference loss finds a pair's tokens by ours. (The config is the debug one with CUDA's attention: the
+    CPU cannot choose it.)"""
+    import dataclasses
+
+    from qwen3_titan_common.components.preference import with_preference_loss
+    from qwen3_titan_common.errors import UserInputError
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
+    from qwen3_titan_native.config_registry import debug
+
+    config = debug()
+    flex = titan_qwen3_model_config(config.architecture, attention="flex")
+    config = dataclasses.replace(
+        config,
+        objective="dpo",
+        model_spec=dataclasses.replace(config.model_spec, model=flex),
+        parallelism=dataclasses.replace(config.parallelism, context_parallel_degree=2),
+    )
+    with pytest.raises(
+        UserInputError, match="--parallelism.context_parallel_degree 2: --objective dpo shares rows"
+    ):
+        with_preference_loss(config, "cuda")

@@ -443,12 +443,23 @@ def with_preference_loss(config, device_type: str):
     preference training does not run with yet is refused in one line."""
     from torchtitan.tools.logging import logger
 
+    from qwen3_titan_common.models.attention import uses_document_blocks
+
     if config.objective != "dpo":
         return config
     if device_type == "neuron":
         raise UserInputError(
             "--objective dpo: preference training selects each batch's completion tokens, a shape Neuron would "
             "compile a graph for at every step; it runs on CPU and CUDA so far (docs/preference.md)"
+        )
+    degree = config.parallelism.context_parallel_degree
+    if degree > 1 and not uses_document_blocks(config.model_spec.model):
+        # A pair's tokens are found on the CP ranks by our split of the rows (models.context_parallel).
+        raise UserInputError(
+            f"--parallelism.context_parallel_degree {degree}: --objective dpo shares rows over context-parallel "
+            "ranks with the block-sparse per-document attention only (the CPU's), not this model's (torchtitan's "
+            "Flex or varlen, as on CUDA, whose context parallelism splits rows its own way); use 1 "
+            "(docs/preference.md)"
         )
     moe = config.moe
     if moe.router_aux_loss == "on" or moe.router_aux_loss_coef is not None:

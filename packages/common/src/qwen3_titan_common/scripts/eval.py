@@ -324,17 +324,16 @@ def run(args: argparse.Namespace) -> dict:
         )
 
     results = []
-    model = build(arch, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
-    pairs = loader().dataset.stream.preference is not None
     extra = {}
-    if pairs:
-        results, extra = _score_pairs(args, model, arch.vocab_size, data, loader, shown, device)
+    if loader().dataset.stream.preference is not None:
+        results, extra = _score_pairs(args, build, model_dir, data, loader, shown, device)
     else:
         if args.reference is not None:
             raise EvalError(
                 f"--reference {args.reference}: a reference scores preference pairs (chosen/rejected); "
                 f"{_describe(data)} holds {data.format if data.format != 'auto' else 'text or chat'} records"
             )
+        model = build(arch, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
         results.append(evaluate(model, loader(), device, shown, args.max_batches))
         del model
         if args.random_init:
@@ -357,11 +356,14 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def _score_pairs(args, model, vocab: int, data, loader, shown: str, device) -> tuple[list, dict]:
-    """The model's and then the reference's pass over the pairs (one model in memory at a time)."""
+def _score_pairs(args, build, model_dir, data, loader, shown: str, device) -> tuple[list, dict]:
+    """The model's and then the reference's pass over the pairs, one model in memory at a time; every
+    refusal before either is built."""
     import dataclasses
+    from pathlib import Path
 
     from qwen3_titan_common.components.preference import PreferenceOptions
+    from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapter_dir
     from qwen3_titan_common.models.attention import uses_document_blocks
     from qwen3_titan_common.scripts.eval_pairs import pair_sums, records_of, score_pairs
 
@@ -378,26 +380,34 @@ def _score_pairs(args, model, vocab: int, data, loader, shown: str, device) -> t
         label_smoothing=args.label_smoothing,
         sft_weight=args.sft_weight,
     )
+    if is_adapter_dir(args.reference):
+        base = open_adapter_dir(args.reference, flag="--reference").base_model
+        if not base or not Path(base).expanduser().is_dir():
+            # --base is the evaluated adapter's; a reference adapter brings its own base.
+            raise EvalError(
+                f"--reference {args.reference}: a peft adapter whose base_model_name_or_path {base!r} is not a "
+                "local directory; pass the model training started from as a model directory"
+            )
     reference_dir = _open(args.reference, flag="--reference")
-    reference_vocab = reference_dir.architecture.vocab_size
-    if reference_vocab != vocab:
+    ours, theirs = model_dir.architecture, reference_dir.architecture
+    if theirs.vocab_size != ours.vocab_size:
         raise EvalError(
-            f"--reference {args.reference}: vocab_size {reference_vocab} (config.json), the model's is {vocab}; "
-            "the reference is the model training started from, with the same tokenizer"
+            f"--reference {args.reference}: vocab_size {theirs.vocab_size} (config.json), the model's is "
+            f"{ours.vocab_size}; the reference is the model training started from, with the same tokenizer"
         )
+    if args.seq_len > theirs.max_position_embeddings:
+        raise EvalError(
+            f"--seq-len {args.seq_len}: longer than the reference's max_position_embeddings "
+            f"{theirs.max_position_embeddings} ({reference_dir.path}/config.json)"
+        )
+    dtype = DTYPES[args.dtype]
+    model = build(ours, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
     # The prompt computed once where the model's attention reads continuations, as training packs pairs.
     data = dataclasses.replace(data, share_prompt=uses_document_blocks(getattr(model, "config", None)))
     records = records_of(loader(data))
     policy = pair_sums(model, loader(data), records, device, args.max_batches)
     del model
-    build, _ = eval_model_builder(args.backend)
-    reference_model = build(
-        reference_dir.architecture,
-        reference_dir,
-        dtype=DTYPES[args.dtype],
-        seq_len=args.seq_len,
-        seed=args.seed,
-    )
+    reference_model = build(theirs, reference_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
     reference = pair_sums(reference_model, loader(data), records, device, args.max_batches)
     result = score_pairs(shown, policy, reference, options, args.seq_len)
     return [result], {"reference": str(reference_dir.path), "dpo": options.describe()}

@@ -45,6 +45,7 @@ class ReferenceLogps:
 
     table_R2: torch.Tensor  # float64, on the CPU
     seen_R: torch.Tensor  # bool: the record was a usable pair (bad records are never trained)
+    settings: str = "the data settings"  # what to resume with when a record has no reference
     _on_device: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def lookup(self, records_P: torch.Tensor) -> torch.Tensor:
@@ -54,7 +55,7 @@ class ReferenceLogps:
             missing = records_P.cpu()[~self.seen_R[records_P.cpu()]].tolist()
             raise UserInputError(
                 f"records {missing[:5]} of the data have no reference log-probabilities: the reference pass before "
-                "step 1 skipped them; resume with the data settings the run started with"
+                f"step 1 did not score them; resume with {self.settings} the run started with"
             )
         device = records_P.device
         if device not in self._on_device:
@@ -121,7 +122,9 @@ def reference_logps(trainer) -> ReferenceLogps:
     )
     # The finite stream ends on a whole group (padding rows complete it): the same batches on every rank.
     batches = DataLoader(stream, batch_size=dataset.local_batch_size)
-    return _read_or_compute(trainer, REFERENCE_FILE, stream, batches, "pairs", counted=stream)
+    return _read_or_compute(
+        trainer, REFERENCE_FILE, stream, batches, "pairs", "the data settings", counted=stream
+    )
 
 
 def validation_reference_logps(trainer) -> ReferenceLogps:
@@ -129,25 +132,36 @@ def validation_reference_logps(trainer) -> ReferenceLogps:
     validation reads (``Qwen3Validator.batches``), so validation at step 0 would be ln 2 as step 1 is."""
     loader, batches = trainer.validator.batches()
     stream = loader.dataset.stream
-    return _read_or_compute(trainer, VALIDATION_REFERENCE_FILE, stream, batches, "held-out pairs")
+    return _read_or_compute(
+        trainer, VALIDATION_REFERENCE_FILE, stream, batches, "held-out pairs", "the --validator.* settings"
+    )
 
 
-def _read_or_compute(trainer, name, stream, batches, what, *, counted=None) -> ReferenceLogps:
+def _read_or_compute(trainer, name, stream, batches, what, settings, *, counted=None) -> ReferenceLogps:
     """Read back from ``<dump_folder>/<name>`` when resuming, else computed from ``batches`` and saved there;
-    ``counted``: the stream whose identical and skipped pairs the line reports."""
+    ``settings``: the flags a resume must keep for the same pairs; ``counted``: the stream whose identical and
+    skipped pairs the line reports."""
     path = Path(trainer.config.dump_folder) / name
     expected = reference_metadata(stream)
     if trainer.step > 0:
         if not path.is_file():
+            way_out = "use a new --dump_folder"
+            if name == VALIDATION_REFERENCE_FILE:
+                way_out = (
+                    "resume with --validator.no-enable (the run started without validation), or " + way_out
+                )
             raise UserInputError(
                 f"{path} is missing: a preference run resumed at step {trainer.step} needs the reference "
-                "log-probabilities its first step computed (the weights have moved since); use a new --dump_folder"
+                f"log-probabilities of its {what} computed before its first step (the weights have moved since); "
+                f"{way_out}"
             )
-        reference = ReferenceLogps.load(path, expected)
+        reference = dataclasses.replace(ReferenceLogps.load(path, expected), settings=settings)
         logger.info(f"[dpo] reference log-probabilities of {reference.pairs:,} {what} read from {path}")
         return reference
     started = time.perf_counter()
-    reference = _compute(trainer, batches, records=len(stream.source), stream=stream)
+    reference = dataclasses.replace(
+        _compute(trainer, batches, records=len(stream.source), stream=stream), settings=settings
+    )
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
     if rank0:
         reference.save(path, expected)

@@ -438,6 +438,19 @@ def _check_data(config, layout: Layout) -> None:
             f"--objective dpo: --dataloader.dataset '{dataset}' holds {record_format} records; preference training "
             "reads pairs with 'chosen' and 'rejected' fields (docs/preference.md)"
         )
+    validator = getattr(config, "validator", None)
+    held_out = getattr(validator, "dataloader", None)
+    if not (
+        validator.enable and isinstance(held_out, TextChatDataLoader.Config) and held_out.dataset != dataset
+    ):
+        return
+    # Validation scores what training does: preference pairs under --objective dpo, tokens otherwise.
+    validated = check_first_records(held_out)
+    if (validated == "preference") != (record_format == "preference"):
+        raise UserInputError(
+            f"--validator.dataloader.dataset '{held_out.dataset}' holds {validated} records, and the run trains on "
+            f"{record_format} records (--objective {objective}); validate on data of the kind it trains on"
+        )
 
 
 def check_run(config, world_size: int | None = None, *, deferred: list[str] | None = None) -> Layout:
