@@ -258,15 +258,9 @@ def test_expert_parallel_computes_and_exports_what_one_rank_does(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "flags, layout, batch",
-    [
-        (["--batch-size", "4"], "dp_replicate 1 x dp_shard(FSDP) 2 x context 1", 8),
-        ([CP, "2", "--batch-size", "4"], "dp_replicate 1 x dp_shard(FSDP) 1 x context 2", 4),
-    ],
-    ids=["fsdp-2", "cp-2"],
-)
-def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path, flags, layout, batch):
+def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path):
+    # Context parallelism here; FSDP in the next test, on the job's own flags.
+    flags, layout, batch = [CP, "2", "--batch-size", "4"], "dp_replicate 1 x dp_shard(FSDP) 1 x context 2", 4
     env = {
         **os.environ,
         "QWEN3_TITAN_DEVICE": "cpu",
@@ -306,6 +300,7 @@ def test_check_layout_takes_the_jobs_own_flags_and_writes_none_of_its_folders(tm
     proc = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     last = [line for line in proc.stdout.splitlines() if line.startswith("[check] ")][-1]
+    assert last.startswith("[check] 2 ranks = dp_replicate 1 x dp_shard(FSDP) 2 x context 1"), last
     assert "(1 of the model's 1 layers, 3 steps, global batch 8 x 64)" in last and last.endswith(": ok"), last
     assert (
         "[check] the layout's 2 ranks all run on this machine, one process each, beside 1 rank" in proc.stdout

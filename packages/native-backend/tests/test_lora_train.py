@@ -18,7 +18,7 @@ import torch
 from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
-from qwen3_titan_testing.edges import check_failure
+from qwen3_titan_testing.edges import check_failure, checks_in_process
 from qwen3_titan_testing.trained import load_trained_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -273,8 +273,13 @@ def test_verify_names_the_adapter_tensor_that_does_not_fit_the_base(lora_run, tm
 
 
 @pytest.mark.slow
-def test_resuming_across_full_and_lora_runs_is_refused_in_one_line_either_way(tmp_path):
-    # Before any rank loads: the checkpoint folder's model record says what its step checkpoints hold.
+def test_resuming_across_full_and_lora_runs_is_refused_in_one_line_either_way(tmp_path, monkeypatch, capfd):
+    # Before any rank loads: the checkpoint folder's model record says what its step checkpoints hold (the
+    # refusals checked in this process, as rank 0 checks them before it writes anything).
+    from qwen3_titan_native import BACKEND
+
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    monkeypatch.chdir(tmp_path)
     for first, refusals in (
         ([], [(["--lora.rank", "4"], "are a full fine-tuning run's, and this run trains LoRA adapters")]),
         (
@@ -289,9 +294,9 @@ def test_resuming_across_full_and_lora_runs_is_refused_in_one_line_either_way(tm
         _train(["--training.steps", "2", "--training.seq_len", "64", "--hf.no-export", "--dump_folder", str(dump),
                 *first], tmp_path)  # fmt: skip
         for then, said in refusals:
-            proc = subprocess.run(
-                [TRAIN, "--training.steps", "3", "--training.seq_len", "64", *then, "--dump_folder", str(dump)],
-                cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=900,
-            )  # fmt: skip
-            check_failure(proc.returncode, proc.stdout, proc.stderr, 2, said, "--dump_folder")
+            capfd.readouterr()
+            argv = ["--training.steps", "3", "--training.seq_len", "64", *then, "--dump_folder", str(dump)]
+            rc = checks_in_process(BACKEND, argv)
+            out = capfd.readouterr()
+            check_failure(rc, out.out, out.err, 2, said, "--dump_folder")
             assert not (dump / "checkpoint" / "step-3").exists()
