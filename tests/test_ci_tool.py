@@ -272,3 +272,48 @@ def test_jobs_below_one_is_refused_in_one_line():
         .splitlines()[-1]
         .endswith("--jobs 0: expected at least 1 (steps run side by side)")
     )
+
+
+def test_measured_seconds_split_the_steps_so_the_longest_lane_is_as_short_as_it_can_be():
+    seconds = {"a": 10.0, "b": 9.0, "c": 4.0, "d": 3.0, "e": 2.0}
+    steps = [lanes.Step(name, lambda: [], weight=0) for name in seconds]
+    planned = lanes.plan_lanes(steps, 2, seconds)
+    loads = sorted(sum(seconds[step.name] for step in lane) for lane in planned)
+    # One queue, heaviest first, ends at 15 (a, b; then c and d on the lanes that free first; then e).
+    assert loads == [14.0, 14.0]
+    assert sorted(step.name for lane in planned for step in lane) == sorted(seconds)
+    for lane in planned:
+        assert [seconds[step.name] for step in lane] == sorted(
+            (seconds[step.name] for step in lane), reverse=True
+        )
+    # A step without a figure, or one lane: the queue.
+    assert lanes.plan_lanes([*steps, lanes.Step("new", lambda: [], weight=0)], 2, seconds) is None
+    assert lanes.plan_lanes(steps, 1, seconds) is None
+
+
+def test_planned_lanes_run_their_own_steps_side_by_side(tmp_path):
+    ran: dict[str, str] = {}
+
+    def step(name: str):
+        def run():
+            ran[name] = threading.current_thread().name
+            return [Result(name, passed=1)]
+
+        return run
+
+    seconds = {"long": 10.0, "short-1": 6.0, "short-2": 5.0}
+    steps = [lanes.Step(name, step(name), weight=0) for name in seconds]
+    results = lanes.run_steps(steps, lanes=2, seconds=seconds)
+    assert [r.name for r in results] == list(seconds)
+    assert ran["short-1"] == ran["short-2"] != ran["long"]
+
+
+def test_the_committed_figures_cover_every_step_and_a_run_writes_them_back(tmp_path):
+    from tools.ci.cli import record_seconds
+
+    committed = lanes.measured_seconds()
+    steps = {*packages.discover(), "workspace tests/", "lint"}
+    assert steps <= set(committed), sorted(steps - set(committed))
+    record_seconds([Result("common", seconds=12.34), Result("lint", seconds=0.3)], tmp_path / "d.json")
+    assert lanes.measured_seconds(tmp_path / "d.json") == {"common": 12.3, "lint": 0.3}
+    assert lanes.measured_seconds(tmp_path / "absent.json") == {}

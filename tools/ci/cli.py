@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from tools.ci.environment import ENVS
-from tools.ci.lanes import Step, default_lanes, lane_threads, run_steps, slow_weight
+from tools.ci.lanes import Step, default_lanes, lane_threads, measured_seconds, run_steps, slow_weight
 from tools.ci.package_run import run_package
 from tools.ci.packages import ROOT, Package, discover, normalize
 from tools.ci.process import say
@@ -92,8 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_lint:
             # Seconds long: last, on whichever lane is free first.
             steps.append(Step("lint", lambda: [run_lint()], weight=-1))
-    results = run_steps(steps, args.jobs)
+    results = run_steps(steps, args.jobs, measured_seconds())
+    record_seconds(results, ENVS / "durations.json")
     return summarize(results, time.monotonic() - start)
+
+
+def record_seconds(results, path: Path) -> None:
+    """This run's seconds per step, in the form of ``tools/ci/durations.json`` (which a clean-clone run's
+    copy replaces when the suite's balance has moved)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({r.name: round(r.seconds, 1) for r in results}, indent=2) + "\n")
 
 
 def package_step(package: Package, pytest_args: list[str]) -> Step:
