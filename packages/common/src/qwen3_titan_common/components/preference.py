@@ -133,10 +133,14 @@ class PairLayout:
         records_P = records_BL[trained_BL][starts_N][0::2]
         return PairLayout(trained_BL, order_N // 2, order_N % 2, records_P, sequences // 2)
 
-    def sums(self, values_N: torch.Tensor) -> torch.Tensor:
-        """Per pair, the chosen and the rejected completion's sum of ``values_N``: (pairs, 2)."""
+    def sums(
+        self, values_N: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Per pair, the chosen and the rejected completion's sum of ``values_N``: (pairs, 2). ``at``: the
+        pair and side of each value where they are some of the tokens only (a context-parallel rank's)."""
+        pair_n, side_n = at if at is not None else (self.pair_N, self.side_N)
         out = values_N.new_zeros(self.pairs, 2)
-        return out.index_put((self.pair_N, self.side_N), values_N, accumulate=True)
+        return out.index_put((pair_n, side_n), values_N, accumulate=True)
 
 
 @dataclass(frozen=True)
@@ -310,9 +314,9 @@ class PreferenceLoss(TrainedTokenLoss):
         for group in (self._pipeline, self._group):
             if group is not None:
                 dist.all_reduce(total, group=group)
-        if float(total[-1]) == 0:
+        pairs = float(total[-1])
+        if pairs == 0:
             return None
-        pairs = max(float(total[-1]), 1.0)
         names = ("loss", "accuracy", "margin", "reward_chosen", "reward_rejected")
         means = {name: float(value) / pairs for name, value in zip(names, total[:-1], strict=True)}
         return means | {"pairs": float(total[-1])}
@@ -381,8 +385,7 @@ class PreferenceLoss(TrainedTokenLoss):
         of the rows) and token counts."""
         layout = completions.layout
         logp_n = self.token_logps(completions.hidden_ND.detach(), completions.targets_N).double()
-        sums_P2 = logp_n.new_zeros(layout.pairs, 2)
-        sums_P2.index_put_((completions.pair_n, completions.side_n), logp_n, accumulate=True)
+        sums_P2 = layout.sums(logp_n, at=(completions.pair_n, completions.side_n))
         if self._context is not None:
             dist.all_reduce(sums_P2, group=self._context)
         counts_P2 = layout.sums(torch.ones(layout.pair_N.shape, dtype=torch.float64, device=sums_P2.device))

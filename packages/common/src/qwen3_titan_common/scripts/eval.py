@@ -325,7 +325,8 @@ def run(args: argparse.Namespace) -> dict:
 
     results = []
     extra = {}
-    if loader().dataset.stream.preference is not None:
+    first = loader()  # each pass over it starts again from its first record
+    if first.dataset.stream.preference is not None:
         results, extra = _score_pairs(args, build, model_dir, data, loader, shown, device)
     else:
         if args.reference is not None:
@@ -334,7 +335,7 @@ def run(args: argparse.Namespace) -> dict:
                 f"{_describe(data)} holds {data.format if data.format != 'auto' else 'text or chat'} records"
             )
         model = build(arch, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
-        results.append(evaluate(model, loader(), device, shown, args.max_batches))
+        results.append(evaluate(model, first, device, shown, args.max_batches))
         del model
         if args.random_init:
             model = build(arch, None, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
@@ -365,7 +366,7 @@ def _score_pairs(args, build, model_dir, data, loader, shown: str, device) -> tu
     from qwen3_titan_common.components.preference import PreferenceOptions
     from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapter_dir
     from qwen3_titan_common.models.attention import uses_document_blocks
-    from qwen3_titan_common.scripts.eval_pairs import pair_sums, records_of, score_pairs
+    from qwen3_titan_common.scripts.eval_pairs import pair_sums, score_pairs
 
     if args.reference is None:
         raise EvalError(
@@ -404,11 +405,11 @@ def _score_pairs(args, build, model_dir, data, loader, shown: str, device) -> tu
     model = build(ours, model_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
     # The prompt computed once where the model's attention reads continuations, as training packs pairs.
     data = dataclasses.replace(data, share_prompt=uses_document_blocks(getattr(model, "config", None)))
-    records = records_of(loader(data))
-    policy = pair_sums(model, loader(data), records, device, args.max_batches)
+    pairs = loader(data)
+    policy = pair_sums(model, pairs, device, args.max_batches)
     del model
     reference_model = build(theirs, reference_dir, dtype=dtype, seq_len=args.seq_len, seed=args.seed)
-    reference = pair_sums(reference_model, loader(data), records, device, args.max_batches)
+    reference = pair_sums(reference_model, pairs, device, args.max_batches)
     result = score_pairs(shown, policy, reference, options, args.seq_len)
     return [result], {"reference": str(reference_dir.path), "dpo": options.describe()}
 

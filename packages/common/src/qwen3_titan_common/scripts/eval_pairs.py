@@ -49,8 +49,10 @@ class PairSums:
     seconds: float
 
 
-def pair_sums(model: torch.nn.Module, loader, records: int, device, max_batches: int | None) -> PairSums:
-    """One pass of ``model`` over ``loader``'s rows of pairs."""
+def pair_sums(model: torch.nn.Module, loader, device, max_batches: int | None) -> PairSums:
+    """One pass of ``model`` over ``loader``'s rows of pairs (a validation loader: its records are numbered
+    by the stream's source)."""
+    records = len(loader.dataset.stream.source)
     model = model.to(device)
     logps_R2 = torch.zeros(records, 2, dtype=torch.float64)
     counts_R2 = torch.zeros(records, 2, dtype=torch.float64)
@@ -99,11 +101,6 @@ def score_pairs(
         rows=policy.rows,
         tokens_per_second=(policy.rows + reference.rows) * seq_len / seconds,
     )
-
-
-def records_of(loader) -> int:
-    """The number of records of a validation loader's data (the pairs' record numbers index it)."""
-    return len(loader.dataset.stream.source)
 
 
 def pairs_table(report: dict) -> list[str]:

@@ -234,11 +234,12 @@ def _through_the_pipeline(trainer, batches, stream: RecordStreamDataset):
     group completed with padding rows); on the last stage the loss records what it computes."""
     loss: PreferenceLoss = trainer.loss_fn
     microbatches = trainer.num_pipeline_parallel_microbatches
+    padding = sample_of(padding_row(stream.settings.seq_len, stream.tokens.eos_id), preference=True)
     batches = iter(batches)
     while group := list(itertools.islice(batches, microbatches)):
-        rows = group[0][1].shape[0]
-        padding = sample_of(padding_row(stream.settings.seq_len, stream.tokens.eos_id), preference=True)
-        group += [default_collate([padding] * rows)] * (microbatches - len(group))
+        if len(group) < microbatches:
+            rows = group[0][1].shape[0]
+            group += [default_collate([padding] * rows)] * (microbatches - len(group))
         arg_mbs, kwarg_mbs, target_mbs = [], [], []
         for input_dict, markers in group:
             batch, inputs, labels, extra = _on_device(trainer, input_dict, markers)
