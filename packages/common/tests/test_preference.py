@@ -371,3 +371,37 @@ def test_the_reference_file_is_read_back_only_for_the_same_data(tmp_path):
         UserInputError, match=r"computed for other data \(seq_len '256' \(this run: '512'\)\)"
     ):
         ReferenceLogps.load(path, {**written, "seq_len": "512"})
+
+
+def test_the_live_reference_swaps_the_starting_weights_in_and_back():
+    """``--dpo.reference live``: the starting values of the trained weights (the frozen ones are not copied)
+    are in the model only inside ``swapped_in``; a step checkpoint's values replace them on resume; a pair the
+    step's pass did not score is an error, not a reference of 0."""
+    from qwen3_titan_common.train.preference import LiveReference
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    model[1].weight.requires_grad_(False)
+    start = {name: p.detach().clone() for name, p in model.named_parameters()}
+    live = LiveReference([model])
+    assert set(live.frozen) == {"0.weight", "0.bias", "1.bias"}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    moved = {name: p.detach().clone() for name, p in model.named_parameters()}
+    live.freeze_starting_weights()  # as at a run's start: the weights as they are now
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    with live.swapped_in():
+        assert torch.equal(model[0].weight, moved["0.weight"])
+        assert torch.equal(model[1].weight, moved["1.weight"])  # frozen: never swapped
+    assert torch.equal(model[0].weight, moved["0.weight"] + 1.0)
+    live.load_state_dict({name: start[name] for name in live.frozen})  # a resume's checkpoint
+    with live.swapped_in():
+        assert torch.equal(model[0].bias, start["0.bias"])
+    assert live.nbytes == 4 * (6 + 2 + 2)
+
+    live._records_K = torch.tensor([4, 7, 4])
+    live._sums_K2 = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]], dtype=torch.float64)
+    assert live.lookup(torch.tensor([7, 4])).tolist() == [[3.0, 4.0], [1.0, 2.0]]
+    with pytest.raises(RuntimeError, match="did not score every pair"):
+        live.lookup(torch.tensor([5]))

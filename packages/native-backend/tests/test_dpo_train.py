@@ -3,7 +3,8 @@
 Step 1 starts with the policy equal to the reference, so its loss is ln 2; validation scores the held-out
 pairs against their own reference, and ``eval`` of the export scores them as the last validation did; a
 resumed run reads both references the first run computed and trains on as the uninterrupted run does; FSDP,
-tensor, context and pipeline parallelism over 2 ranks train what one rank trains. (LoRA, and one pair per row: the nki-moe and
+tensor, context and pipeline parallelism over 2 ranks train what one rank trains, FSDP and pipeline parallelism
+with the reference live (``--dpo.reference live``), which a resume on one rank reads back from the checkpoint. (LoRA, and one pair per row: the nki-moe and
 hf-v5 backends' tests; the objective and the data that do not agree, and bad pairs:
 test_reliability_launcher.py and common's test_preference.py.)
 """
@@ -70,7 +71,7 @@ def dpo_run(source):
     return out, log
 
 
-def _two_ranks(source, name, layout):
+def _two_ranks(source, name, layout, checkpoints=("--checkpoint.no-enable", "--hf.no-export")):
     """The run of ``dpo_run`` on 2 ranks laid out by ``layout`` (the same global batch of 8 rows)."""
     return _train(
         [
@@ -84,8 +85,7 @@ def _two_ranks(source, name, layout):
             *layout,
             "--steps",
             "3",
-            "--checkpoint.no-enable",
-            "--hf.no-export",
+            *checkpoints,
             "--out",
             str(source.parent / name),
         ],  # fmt: skip
@@ -119,8 +119,8 @@ def test_step_one_is_ln2_and_the_line_shows_the_pairs(source, dpo_run):
     assert (out / "reference_logps_validation.safetensors").is_file()
     card = (out / "hf" / "step-3" / "README.md").read_text()
     assert (
-        "| objective | DPO on preference pairs: sigmoid loss, beta 0.1; reference: the starting model |"
-        in card
+        "| objective | DPO on preference pairs: sigmoid loss, beta 0.1; reference: the starting model, precomputed "
+        "before step 1 |" in card
     )
     assert "- dpo" in card  # the Hub's tag
 
@@ -191,19 +191,74 @@ def test_resume_reads_the_reference_and_trains_as_the_straight_run(dpo_run):
 @pytest.mark.parametrize(
     "layout",
     [
-        # 4 rows on each rank of the global batch of 8: the pairs' mean over both ranks is one rank's.
-        ["--batch-size", "4"],
         # Each rank holds half the vocabulary: the completions' log-probabilities gather it chunk by chunk.
         ["--parallelism.tensor_parallel_degree", "2"],
         # Each rank holds half of every row's tokens: a pair's sums add both ranks' shares.
         ["--parallelism.context_parallel_degree", "2"],
-        # Each rank holds half the layers, the last stage the loss: 8 micro-batches of a row each.
-        ["--parallelism.pipeline_parallel_degree", "2"],
+        # Each rank holds half the layers, the last stage the loss: 8 micro-batches of a row each, scored by the
+        # live reference through the pipeline schedule before each step.
+        ["--parallelism.pipeline_parallel_degree", "2", "--dpo.reference", "live"],
     ],
-    ids=["fsdp-2", "tp-2", "cp-2", "pp-2"],
+    ids=["tp-2", "cp-2", "pp-2-live"],
 )
 def test_two_ranks_train_what_one_rank_trains(source, dpo_run, layout):
     _, log = dpo_run
     two = _two_ranks(source, "-".join(layout).strip("-").replace(".", "_"), layout)
-    assert f"reference log-probabilities of {PAIRS - held_out_pairs()} pairs computed" in two
+    if "live" in layout:
+        assert "[dpo] reference: live, the starting values of" in two
+        assert f"of {PAIRS - held_out_pairs()} pairs computed" not in two  # no pass before step 1
+    else:
+        assert f"reference log-probabilities of {PAIRS - held_out_pairs()} pairs computed" in two
     _assert_trains_what_one_rank_trains(source, log, two)
+
+
+@pytest.fixture(scope="module")
+def live_fsdp_run(source):
+    """``dpo_run`` with the reference live, on 2 ranks of 4 rows each (FSDP), checkpointed at step 2."""
+    return _two_ranks(
+        source, "live-fsdp-2", ["--batch-size", "4", "--dpo.reference", "live"], ["--checkpoint-every", "2"]
+    )
+
+
+@pytest.mark.slow
+def test_live_reference_over_fsdp_trains_what_the_precomputed_one_does(source, dpo_run, live_fsdp_run):
+    """The starting weights swapped in before each step score its pairs as the pass before step 1 did: the
+    same losses within the bound of the layout (the pairs' mean over both ranks is one rank's)."""
+    _, log = dpo_run
+    assert "[dpo] reference: live, the starting values of" in live_fsdp_run
+    assert not (source.parent / "live-fsdp-2" / "reference_logps.safetensors").exists()
+    card = (source.parent / "live-fsdp-2" / "hf" / "step-3" / "README.md").read_text()
+    assert "reference: the starting model, live (a frozen copy scores each step's pairs)" in card
+    _assert_trains_what_one_rank_trains(source, log, live_fsdp_run)
+
+
+@pytest.mark.slow
+def test_live_reference_resumes_from_the_checkpoint_on_one_rank(source, live_fsdp_run):
+    """The reference's weights come back from step 2's checkpoint (resharded onto one rank), not from the
+    resumed weights: step 3 and its validation are the straight run's within the bound of the layout."""
+    run = source.parent / "live-fsdp-2"
+    resumed = source.parent / "live-resumed"
+    shutil.copytree(run, resumed, ignore=shutil.ignore_patterns("step-3", "hf", "tb"))
+    again = _train(
+        [
+            *dpo_flags(source.parent),
+            "--hf-model",
+            str(source),
+            *EXACT,
+            *VALIDATION,
+            "--dpo.reference",
+            "live",
+            "--steps",
+            "3",
+            "--hf.no-export",
+            "--out",
+            str(resumed),
+        ],  # fmt: skip
+        source.parent,
+    )
+    assert "swapped in to score each step's pairs; read back from step 2's checkpoint" in again
+    (straight,) = [s for s in parse_step_lines(live_fsdp_run) if s.step == 3]
+    (step,) = parse_step_lines(again)
+    assert step.step == 3 and abs(step.loss - straight.loss) <= loss_bound(source, 3), (step, straight)
+    (validated,) = parse_validation_lines(again)
+    assert abs(validated.loss - parse_validation_lines(live_fsdp_run)[-1].loss) <= validation_bound(source, 3)

@@ -295,3 +295,21 @@ def test_a_deep_models_step_is_its_first_layers_extrapolated_per_layer(tmp_path)
     assert tracked["activations"] > 0 and tracked["params"] > 0
     for kind, nbytes in tracked.items():
         assert abs(extrapolated[kind] - nbytes) <= 12, (kind, extrapolated, tracked)
+
+
+@pytest.mark.slow
+def test_a_live_preference_reference_counts_its_copy_of_the_trained_weights(tmp_path):
+    """``--dpo.reference live`` keeps the starting values of the weights that train, each rank its shards: as
+    much as the parameters (their buffers apart), beside the step the fake step tracks."""
+    proc = _dry_run(
+        "--nproc", "64", "--config", "native_qwen3_4b", "--memory-per-rank", "trn2", "--objective", "dpo",
+        "--dataloader.dataset", "default-pairs", "--dpo.reference", "live", "--out", str(tmp_path / "dry"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kinds = dict(
+        (name, float(gib))
+        for name, gib in re.findall(r"([a-zA-Z ]+) ([0-9.]+)[,;]", proc.stdout.split("GiB: ")[1])
+    )
+    kinds = {name.strip(): gib for name, gib in kinds.items()}
+    # 4.02B parameters in fp32 over 64 ranks: 0.23 GiB each; the parameters' figure adds the RoPE buffers.
+    assert 0.2 < kinds["live reference"] <= kinds["params"] <= kinds["live reference"] + 0.02, proc.stdout

@@ -833,6 +833,24 @@ def test_dump_folder_holds_a_per_rank_data_position(fails, tmp_path):
     fails([], "checkpoint/step-5: its data position is a per-rank share", "new --dump_folder")
 
 
+@pytest.mark.parametrize(
+    ("started_live", "flags", "culprit"),
+    [
+        (True, [], "hold the starting weights of a live preference reference"),
+        (False, ["--dpo.reference", "live"], "hold no live reference's weights"),
+    ],
+    ids=["live-resumed-precomputed", "precomputed-resumed-live"],
+)
+def test_dump_folder_holds_the_other_kind_of_preference_reference(
+    fails, tmp_path, started_live, flags, culprit
+):
+    from qwen3_titan_common.assets import default_architecture
+
+    record = model_record("qwen3", default_architecture(), live_reference=started_live)
+    _checkpoint_of(tmp_path / "out" / "checkpoint", record)
+    fails(["--objective", "dpo", "--dataloader.dataset", "default-pairs", *flags], culprit, "--dump_folder")
+
+
 def test_interrupted_before_any_rank(tmp_path):
     """Ctrl-C while the launcher parses and checks: one line, exit 130, nothing written."""
     import signal

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import tyro
+from torch.distributed.checkpoint import CheckpointException
 from torch.distributed.tensor import DTensor
 from torchtitan.components.checkpoint import MODEL, AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
@@ -203,7 +204,17 @@ class Qwen3CheckpointManager(CheckpointManager):
         # Reading a large checkpoint (DCP or Hugging Face) takes minutes with nothing printed; past 5 s
         # a line every 5 s says it is still going.
         with Phase("loading the checkpoint before step 1"):
-            loaded = super()._load(step)
+            try:
+                loaded = super()._load(step)
+            except (RuntimeError, CheckpointException) as err:
+                # DCP's message when a live preference reference's weights are not in the step checkpoint.
+                if "Missing key in checkpoint state_dict" in str(err) and "dpo_reference." in str(err):
+                    raise CheckpointError(
+                        f"{self.folder}: its step checkpoints hold no live reference weights (the run started "
+                        "with --dpo.reference precomputed, or without --objective dpo): resume it as it started, "
+                        "or pass another --dump_folder"
+                    ) from None
+                raise
         if loaded:
             bad = first_non_finite(self.export_model_parts)
             if bad is not None:

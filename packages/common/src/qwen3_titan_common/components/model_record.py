@@ -30,17 +30,20 @@ def model_record(
     schedule: dict[str, Any] | None = None,
     data_position: str | None = None,
     lora=None,
+    live_reference: bool = False,
 ) -> dict[str, Any]:
     """``schedule``: the run's config name and optimizer settings, which a resume may change (said, not
     refused: the model is the same); ``data_position``: what the data loader's saved position means;
     ``lora``: the run's ``--lora.*`` options, whose adapters its step checkpoints hold (None: every weight
-    trains)."""
+    trains); ``live_reference``: its step checkpoints also hold the starting weights of a live preference
+    reference (``--dpo.reference live``)."""
     record = {"model": model_name, "architecture": architecture.to_dict()}
     record["lora"] = (
         {"rank": lora.rank, "targets": sorted(lora.targets), "adapter": lora.adapter is not None}
         if lora is not None and lora.enabled
         else None
     )
+    record["reference"] = "live" if live_reference else None
     if schedule is not None:
         record["schedule"] = schedule
     if data_position is not None:
@@ -181,6 +184,26 @@ def _check_adapters(
     )
 
 
+def _check_reference(
+    saved: dict[str, Any], record: dict[str, Any], *, folder: Path, step: int, dump_folder: str
+):
+    """A live preference reference's weights are in the step checkpoints of a run that started with it, and in
+    no other's: one cannot resume the other (records written before this field are not judged)."""
+    if "reference" not in saved or saved["reference"] == record.get("reference"):
+        return
+    where = f"--dump_folder {dump_folder}: its checkpoints (newest: step {step} in {folder})"
+    if saved["reference"] == "live":
+        raise OtherModelError(
+            f"{where} hold the starting weights of a live preference reference, and this run reads a precomputed "
+            "one: resume it with --dpo.reference live, or pass a new --dump_folder"
+        )
+    raise OtherModelError(
+        f"{where} hold no live reference's weights (the run started with --dpo.reference precomputed, or without "
+        "--objective dpo), and this run asks for --dpo.reference live: resume it as it started, or pass a new "
+        "--dump_folder"
+    )
+
+
 def check_model_record(folder: Path, record: dict[str, Any], *, step: int, dump_folder: str) -> None:
     """Refuse to resume from checkpoints of another model; checkpoints without a record are not judged."""
     path = folder / RECORD_NAME
@@ -194,6 +217,7 @@ def check_model_record(folder: Path, record: dict[str, Any], *, step: int, dump_
         ) from None
     saved = saved if isinstance(saved, dict) else {}
     _check_adapters(saved, record, folder=folder, step=step, dump_folder=dump_folder)
+    _check_reference(saved, record, folder=folder, step=step, dump_folder=dump_folder)
     differences = _differences(saved, record)
     if differences:
         shown = "; ".join(differences[:4]) + ("; ..." if len(differences) > 4 else "")

@@ -7,6 +7,9 @@
     --dpo.sft_weight W           adds W x the chosen completion's mean token NLL per pair (default 0)
     --dpo.share_prompt M         auto (default: where the attention is ours, block-sparse), on or off: a packed
                                  pair's prompt computed once, the rejected completion continuing it
+    --dpo.reference R            precomputed (default: the starting model scores every pair once, before
+                                 step 1) or live (a frozen copy of the starting weights scores each step's
+                                 pairs; ``train.preference``)
 
 Per pair, with ``pi_c``/``pi_r`` the policy's summed log-probabilities of the chosen and rejected
 completions' tokens and ``ref_c``/``ref_r`` the reference model's, ``h = (pi_c - ref_c) - (pi_r - ref_r)``:
@@ -77,6 +80,12 @@ class PreferenceOptions:
     attention is the block-sparse per-document one, which reads continuations; off: each completion with its
     own copy of the prompt)."""
 
+    reference: Literal["precomputed", "live"] = "precomputed"
+    """Where the reference log-probabilities come from: precomputed (the starting model scores every training
+    pair once before step 1, kept with the run) or live (a frozen copy of the starting values of the trained
+    weights, swapped in to score each step's pairs before its forward: one more forward per step, one more copy
+    of the trained weights in memory; with LoRA only the adapters are copied)."""
+
     def __post_init__(self) -> None:
         if not (math.isfinite(self.beta) and self.beta > 0):
             raise UserInputError(f"--dpo.beta {self.beta}: expected a positive number (TRL's default is 0.1)")
@@ -100,6 +109,11 @@ class PreferenceOptions:
         if self.sft_weight:
             text += f", + {self.sft_weight:g} x chosen NLL"
         return text
+
+    def describe_reference(self) -> str:
+        if self.reference == "live":
+            return "the starting model, live (a frozen copy scores each step's pairs)"
+        return "the starting model, precomputed before step 1"
 
 
 @dataclass(frozen=True)

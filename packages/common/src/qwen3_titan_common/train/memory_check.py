@@ -113,13 +113,14 @@ class JobModel:
                 loss_chunks=getattr(config.loss, "num_chunks", None),
                 gloo=self.device_kind == "cpu" and self.parallel_dims.world_size > 1,
             )
-            return self._with_gathered_rows(memory, batch=batch, ac_config=ac_config)
+            memory = self._with_gathered_rows(memory, batch=batch, ac_config=ac_config)
+            return self._with_live_reference(memory, ac_config=ac_config)
         except fake_tensor_data_dependent_errors():
             import torch
 
             with torch.device("meta"):
                 model = self.sharded_model(ac_config)
-            return rule_of_thumb(
+            memory = rule_of_thumb(
                 model,
                 batch=batch,
                 seq_len=config.training.seq_len,
@@ -132,6 +133,32 @@ class JobModel:
                 recomputed=ac_config is not None,
                 baseline_bytes=baseline_bytes,
             )
+            return self._with_live_reference(memory, ac_config=ac_config)
+
+    def _with_live_reference(self, memory: StepMemory, *, ac_config) -> StepMemory:
+        """``memory`` plus the copy of the trained weights that ``--dpo.reference live`` keeps on each rank
+        (``train.preference.LiveReference``: its own shards of the parameters that train), which the fake step
+        does not hold."""
+        import torch
+
+        from qwen3_titan_common.perf.memory import local_numel
+
+        dpo = getattr(self.config, "dpo", None)
+        if getattr(self.config, "objective", "sft") != "dpo" or getattr(dpo, "reference", None) != "live":
+            return memory
+        with torch.device("meta"):
+            model = self.sharded_model(ac_config)
+        copy = sum(local_numel(p) * p.element_size() for p in model.parameters() if p.requires_grad)
+
+        def added(kinds: dict[str, int] | None) -> dict[str, int] | None:
+            return None if kinds is None else {**kinds, "live reference": copy}
+
+        return dataclasses.replace(
+            memory,
+            by_kind=added(memory.by_kind),
+            candidates=tuple(added(k) for k in memory.candidates) if memory.candidates else None,
+            after_forward=added(memory.after_forward),
+        )
 
     def _with_gathered_rows(self, memory: StepMemory, *, batch: int, ac_config) -> StepMemory:
         """``memory`` plus what context parallelism adds and a fake step of the rank's share does not show: each

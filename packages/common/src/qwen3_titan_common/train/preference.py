@@ -11,10 +11,17 @@ held-out pairs get theirs the same way, from the rows validation reads, into
 
 The values are those of the step-1 forward up to the order of floating-point sums: the same model, the same
 per-document attention, in the training's own context (``train_context``), without gradients.
+
+``--dpo.reference live`` (:class:`LiveReference`) scores each step's pairs instead, just before the step: the
+starting values of the trained weights, copied once and kept in the step checkpoints, are swapped into the
+model for a forward without gradients. The same model code in every layout (each rank swaps its own shards),
+with one more copy of the trained weights in memory (with LoRA, of the adapters only) and one more forward per
+step; no pass over pairs the run never reads.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -28,13 +35,17 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, default_collate
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.compat import without_checkpoint_wrapper
 from qwen3_titan_common.components.preference import PreferenceLoss, take_preference_batch
 from qwen3_titan_common.data.dataset import RecordStreamDataset, sample_of
 from qwen3_titan_common.data.packing import padding_row
 from qwen3_titan_common.errors import UserInputError
+from qwen3_titan_common.perf.expert_load import routing_not_counted
+from qwen3_titan_common.perf.memory import local_numel
 from qwen3_titan_common.perf.progress import Phase
 
 REFERENCE_FILE = "reference_logps.safetensors"
+LIVE_REFERENCE_STATE = "dpo_reference"  # the step checkpoints' entry for the live reference's weights
 VALIDATION_REFERENCE_FILE = "reference_logps_validation.safetensors"
 _FORMAT = "1"
 
@@ -127,6 +138,22 @@ def reference_logps(trainer) -> ReferenceLogps:
     )
 
 
+def live_reference_ready(trainer) -> LiveReference:
+    """``--dpo.reference live``, after the checkpoint's load: the weights as loaded become the reference at a
+    run's start; a resume read the starting ones back from its step checkpoint."""
+    live: LiveReference = trainer.live_reference
+    where = "kept in the step checkpoints (a resume reads them)"
+    if trainer.step == 0:
+        live.freeze_starting_weights()
+    else:
+        where = f"read back from step {trainer.step}'s checkpoint"
+    logger.info(
+        f"[dpo] reference: live, the starting values of {len(live.frozen):,} trained tensors "
+        f"({live.nbytes / 2**20:,.1f} MiB on this rank) swapped in to score each step's pairs; {where}"
+    )
+    return live
+
+
 def validation_reference_logps(trainer) -> ReferenceLogps:
     """The held-out pairs' reference (validation's): computed with the training pairs', from the rows
     validation reads (``Qwen3Validator.batches``), so validation at step 0 would be ln 2 as step 1 is."""
@@ -210,11 +237,110 @@ def _compute(trainer, batches, *, records: int, stream: RecordStreamDataset) -> 
     return ReferenceLogps(table_R2.cpu(), seen_R.cpu() > 0)
 
 
+class LiveReference:
+    """``--dpo.reference live``: the starting values of the trained weights, swapped in to score each step's
+    pairs (a ``Stateful`` in the step checkpoints, so a resume scores with the starting weights, not the
+    resumed ones).
+
+    Why a swap rather than a second model: a second model would have to be built, sharded, pipelined and
+    loaded as the trainer builds its own, in every layout and backend; swapping each rank's own shards in and
+    out runs the one model already built, and its copy is of the trained weights only (the adapters, with
+    LoRA: the frozen base is the same in both)."""
+
+    def __init__(self, model_parts: list[torch.nn.Module]):
+        self.weights: dict[str, torch.nn.Parameter] = {}
+        for part in model_parts:
+            for name, param in part.named_parameters():
+                if param.requires_grad:
+                    self.weights[without_checkpoint_wrapper(name).replace("_orig_mod.", "")] = param
+        with torch.no_grad():
+            self.frozen = {name: param.detach().clone() for name, param in self.weights.items()}
+        self._records_K = torch.zeros(0, dtype=torch.int64)
+        self._sums_K2 = torch.zeros(0, 2, dtype=torch.float64)
+
+    @property
+    def nbytes(self) -> int:
+        """What the copy takes on this rank (its shards)."""
+        return sum(local_numel(t) * t.element_size() for t in self.frozen.values())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.frozen)
+
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, tensor in self.frozen.items():
+                if state_dict[name] is not tensor:
+                    tensor.copy_(state_dict[name])
+
+    def freeze_starting_weights(self) -> None:
+        """The weights as loaded (a run's start, not a resume) become the reference's."""
+        with torch.no_grad():
+            for name, param in self.weights.items():
+                self.frozen[name].copy_(param)
+
+    @contextlib.contextmanager
+    def swapped_in(self):
+        """The model holds the reference's weights in the body, its own again after (each parameter swapped
+        with one temporary the size of the largest)."""
+        self._swap()
+        try:
+            yield
+        finally:
+            self._swap()
+
+    def _swap(self) -> None:
+        with torch.no_grad():
+            for name, param in self.weights.items():
+                frozen = self.frozen[name]
+                held = param.detach().clone()
+                param.copy_(frozen)
+                frozen.copy_(held)
+
+    def score(self, trainer, batches: list) -> None:
+        """The reference of the pairs in ``batches`` (a step's, as drawn from the loader, left unchanged), for
+        :meth:`lookup` during that step."""
+        tokens_seen = trainer.ntokens_seen
+        with self.swapped_in(), routing_not_counted(trainer.model_parts):
+            if trainer.parallel_dims.pp_enabled:
+                found = list(_through_the_pipeline(trainer, batches, trainer.dataloader.dataset))
+            else:
+                found = list(_through_the_model(trainer, batches))
+        trainer.ntokens_seen = tokens_seen
+        if found:
+            self._records_K = torch.cat([records for records, _ in found])
+            self._sums_K2 = torch.cat([sums for _, sums in found])
+        else:  # a pipeline stage before the last computes no loss
+            self._records_K = self._records_K[:0]
+            self._sums_K2 = self._sums_K2[:0]
+
+    def lookup(self, records_P: torch.Tensor) -> torch.Tensor:
+        """The (pairs, 2) reference of ``records_P``, pairs of this step's batches (a record drawn twice in one
+        step has the same reference both times)."""
+        records_K = self._records_K.to(records_P.device)
+        match_PK = records_P[:, None] == records_K[None, :]
+        if not bool(match_PK.any(dim=1).all()):
+            raise RuntimeError("the live reference did not score every pair of the step")
+        return self._sums_K2.to(records_P.device)[match_PK.to(torch.int8).argmax(dim=1)]
+
+
 def _on_device(trainer, input_dict, markers):
     input_dict = {key: value.to(trainer.device) for key, value in input_dict.items()}
     batch = take_preference_batch(input_dict)
     assert batch is not None
     return batch, *trainer.post_dataloading_process(input_dict, markers.to(trainer.device))
+
+
+@contextlib.contextmanager
+def _evaluating(model_parts):
+    """The model in eval mode in the body: a reference scores without dropout (LoRA's), as TRL's does."""
+    modes = [(module, module.training) for part in model_parts for module in part.modules()]
+    for part in model_parts:
+        part.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def _through_the_model(trainer, batches):
@@ -223,7 +349,7 @@ def _through_the_model(trainer, batches):
     model = trainer.model_parts[0]
     for input_dict, markers in batches:
         batch, inputs, _, extra = _on_device(trainer, input_dict, markers)
-        with torch.no_grad(), trainer.train_context():
+        with torch.no_grad(), trainer.train_context(), _evaluating(trainer.model_parts):
             hidden = model(inputs, **extra)
             layout, sums_P2, _ = loss.pair_logps(hidden, batch)
         yield layout.records_P, sums_P2
@@ -248,7 +374,12 @@ def _through_the_pipeline(trainer, batches, stream: RecordStreamDataset):
             arg_mbs.append((inputs,))
             kwarg_mbs.append(extra)
             target_mbs.append(labels)
-        with torch.no_grad(), trainer.train_context(), loss.recording() as recorded:
+        with (
+            torch.no_grad(),
+            trainer.train_context(),
+            _evaluating(trainer.model_parts),
+            loss.recording() as recorded,
+        ):
             trainer.pp_schedule.eval(
                 arg_mbs=arg_mbs if trainer.pp_has_first_stage else None,
                 kwarg_mbs=kwarg_mbs,

@@ -44,7 +44,7 @@ def _data(config) -> str:
 def _objective(config) -> str:
     if getattr(config, "objective", "sft") != "dpo":
         return "next-token prediction (supervised fine-tuning)"
-    return f"DPO on preference pairs: {config.dpo.describe()}; reference: the starting model"
+    return f"DPO on preference pairs: {config.dpo.describe()}; reference: {config.dpo.describe_reference()}"
 
 
 def _command(config) -> str:

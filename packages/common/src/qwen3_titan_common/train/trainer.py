@@ -200,6 +200,15 @@ class Qwen3Trainer(Trainer):
                 device=self.device,
             )
             self.metrics_processor.preference = self.loss_fn
+        self.live_reference = None
+        if isinstance(self.loss_fn, PreferenceLoss) and self.loss_fn.options.reference == "live":
+            from qwen3_titan_common.train.preference import LIVE_REFERENCE_STATE, LiveReference
+
+            self.live_reference = LiveReference(self.model_parts)
+            # A disabled manager (no step checkpoints, nothing to load) has no states.
+            if self.checkpointer.enable:
+                self.checkpointer.states[LIVE_REFERENCE_STATE] = self.live_reference
+                self.checkpointer.checkpoint_bytes += self.live_reference.nbytes
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
         self.first_trained_step: int | None = None
         logger.info(describe_trainable(self.model_parts, self.optimizers))
@@ -330,6 +339,12 @@ class Qwen3Trainer(Trainer):
             self.first_trained_step = self.step
         if isinstance(self.loss_fn, LMLossWithRouterBalance | PreferenceLoss):
             self.loss_fn.start_step()
+        if self.live_reference is not None:
+            # The step's batches, drawn as torchtitan's step draws them, scored by the reference first.
+            draws = self.gradient_accumulation_steps * self.num_pipeline_parallel_microbatches
+            batches = [next(data_iterator) for _ in range(draws)]
+            self.live_reference.score(self, batches)
+            data_iterator = iter(batches)
         super().train_step(data_iterator)
         interval = self.config.hf.export_interval
         if (
@@ -367,9 +382,16 @@ class Qwen3Trainer(Trainer):
         sl.log_trace_instant("training_start")
         self.checkpointer.load(step=config.checkpoint.load_step)
         if isinstance(self.loss_fn, PreferenceLoss):
-            from qwen3_titan_common.train.preference import reference_logps, validation_reference_logps
+            from qwen3_titan_common.train.preference import (
+                live_reference_ready,
+                reference_logps,
+                validation_reference_logps,
+            )
 
-            self.loss_fn.reference = reference_logps(self)
+            if self.live_reference is not None:
+                self.loss_fn.reference = live_reference_ready(self)
+            else:
+                self.loss_fn.reference = reference_logps(self)
             if config.validator.enable:
                 self.validator.reference = validation_reference_logps(self)
         started_after = self.step
@@ -512,7 +534,12 @@ def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Tr
     position = POSITION_FORMAT if isinstance(config.dataloader, TextChatDataLoader.Config) else None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     record = model_record(
-        config.model_spec.name, architecture, schedule_of(config, world_size), position, lora=config.lora
+        config.model_spec.name,
+        architecture,
+        schedule_of(config, world_size),
+        position,
+        lora=config.lora,
+        live_reference=config.objective == "dpo" and config.dpo.reference == "live",
     )
     if start.kind == "resume":
         checkpoint_folder = Path(config.dump_folder) / config.checkpoint.folder
