@@ -197,6 +197,7 @@ def _direct(hidden, weight, batch, reference, options):
     return losses.sum() / layout.pairs
 
 
+@pytest.mark.parametrize("fixed_shapes", [False, True], ids=["per-batch", "fixed-shapes"])
 @pytest.mark.parametrize(
     "options",
     [
@@ -207,7 +208,7 @@ def _direct(hidden, weight, batch, reference, options):
     ],
     ids=["sigmoid", "smoothed", "ipo", "sft"],
 )
-def test_loss_and_gradients_equal_the_direct_computation(options):
+def test_loss_and_gradients_equal_the_direct_computation(options, fixed_shapes):
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(1)
     vocab, dim, rows, length = 50, 16, 3, 48
@@ -223,8 +224,8 @@ def test_loss_and_gradients_equal_the_direct_computation(options):
     lm_head = torch.nn.Linear(dim, vocab, bias=False, dtype=torch.float64)
     with torch.no_grad():
         lm_head.weight.copy_(weight)
-    loss_fn = PreferenceLoss.Config(options=options, chunk_tokens=16).build()  # several chunks
-    loss_fn.set_lm_head(lm_head)
+    loss_fn = PreferenceLoss.Config(options=options, chunk_tokens=16, fixed_shapes=fixed_shapes).build()
+    loss_fn.set_lm_head(lm_head)  # several chunks
     loss_fn.reference = ReferenceLogps(reference, torch.ones(records, dtype=torch.bool))
     markers = torch.zeros(rows, length, dtype=torch.int64)
     loss_fn.expect(markers, batch)
@@ -239,6 +240,56 @@ def test_loss_and_gradients_equal_the_direct_computation(options):
     torch.testing.assert_close(lm_head.weight.grad, want_weight, rtol=1e-9, atol=1e-12)
     metrics = loss_fn.step_metrics()
     assert metrics["loss"] == pytest.approx(float(expected), rel=1e-9)
+
+
+class _OpShapes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Every aten op a computation runs, with its outputs' shapes: what a graph compiler (Neuron's) traces."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shapes = tuple(
+            tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
+        )
+        self.ops.append((str(func), shapes))
+        return out
+
+
+def _traced_step(fixed_shapes: bool, pairs_per_row: int, seed: int):
+    """The loss's forward and backward on a batch of 2 rows of 64 tokens, as its ops and their shapes."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab, dim, rows, length = 50, 8, 2, 64
+    batch, records = _batch(generator, vocab, rows, length, pairs_per_row=pairs_per_row)
+    lm_head = torch.nn.Linear(dim, vocab, bias=False)
+    loss_fn = PreferenceLoss.Config(chunk_tokens=16, fixed_shapes=fixed_shapes).build()
+    loss_fn.set_lm_head(lm_head)
+    # The records of a whole dataset, of which the batch holds some.
+    loss_fn.reference = ReferenceLogps(
+        torch.zeros(16, 2, dtype=torch.float64), torch.ones(16, dtype=torch.bool)
+    )
+    hidden = torch.randn(rows, length, dim, requires_grad=True, generator=generator)
+    markers = torch.zeros(rows, length, dtype=torch.int64)
+    loss_fn.expect(markers, batch)
+    with _OpShapes() as traced:
+        loss, _ = loss_fn(hidden, markers, torch.tensor(records))
+        loss.backward()
+    return traced.ops
+
+
+def test_fixed_shapes_run_the_same_ops_on_the_same_shapes_whatever_the_pairs():
+    """The CPU twin of what Neuron needs (one compiled graph per input shape): with fixed shapes, two batches of
+    the same rows and other pairs (1 and 3 to a row, other lengths) run the same aten ops on the same shapes,
+    and none reads a value back to the host (``aten._local_scalar_dense``: ``.item()``, ``bool()``, ``int()``).
+    The probe tells them apart without fixed shapes."""
+    fixed = [_traced_step(True, pairs_per_row=p, seed=s) for p, s in ((1, 3), (3, 4))]
+    assert fixed[0] == fixed[1]
+    assert not [op for op, _ in fixed[0] if "_local_scalar_dense" in op]
+    per_batch = [_traced_step(False, pairs_per_row=p, seed=s) for p, s in ((1, 3), (3, 4))]
+    assert per_batch[0] != per_batch[1]
+    assert [op for op, _ in per_batch[0] if "_local_scalar_dense" in op]
 
 
 def test_policy_at_the_reference_gives_ln2():
@@ -375,8 +426,7 @@ def test_the_reference_file_is_read_back_only_for_the_same_data(tmp_path):
 
 def test_the_live_reference_swaps_the_starting_weights_in_and_back():
     """``--dpo.reference live``: the starting values of the trained weights (the frozen ones are not copied)
-    are in the model only inside ``swapped_in``; a step checkpoint's values replace them on resume; a pair the
-    step's pass did not score is an error, not a reference of 0."""
+    are in the model only inside ``swapped_in``; a step checkpoint's values replace them on resume."""
     from qwen3_titan_common.train.preference import LiveReference
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
@@ -399,9 +449,3 @@ def test_the_live_reference_swaps_the_starting_weights_in_and_back():
     with live.swapped_in():
         assert torch.equal(model[0].bias, start["0.bias"])
     assert live.nbytes == 4 * (6 + 2 + 2)
-
-    live._records_K = torch.tensor([4, 7, 4])
-    live._sums_K2 = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0]], dtype=torch.float64)
-    assert live.lookup(torch.tensor([7, 4])).tolist() == [[3.0, 4.0], [1.0, 2.0]]
-    with pytest.raises(RuntimeError, match="did not score every pair"):
-        live.lookup(torch.tensor([5]))

@@ -4,7 +4,8 @@ Step 1 starts with the policy equal to the reference, so its loss is ln 2; valid
 pairs against their own reference, and ``eval`` of the export scores them as the last validation did; a
 resumed run reads both references the first run computed and trains on as the uninterrupted run does; FSDP,
 tensor, context and pipeline parallelism over 2 ranks train what one rank trains, FSDP and pipeline parallelism
-with the reference live (``--dpo.reference live``), which a resume on one rank reads back from the checkpoint. (LoRA, and one pair per row: the nki-moe and
+with the reference live (``--dpo.reference live``), which a resume on one rank reads back from the checkpoint,
+tensor and context parallelism with fixed shapes (``--dpo.fixed_shapes on``, Neuron's default). (LoRA, and one pair per row: the nki-moe and
 hf-v5 backends' tests; the objective and the data that do not agree, and bad pairs:
 test_reliability_launcher.py and common's test_preference.py.)
 """
@@ -191,19 +192,22 @@ def test_resume_reads_the_reference_and_trains_as_the_straight_run(dpo_run):
 @pytest.mark.parametrize(
     "layout",
     [
-        # Each rank holds half the vocabulary: the completions' log-probabilities gather it chunk by chunk.
-        ["--parallelism.tensor_parallel_degree", "2"],
+        # Each rank holds half the vocabulary: the log-probabilities gather it chunk by chunk. With fixed shapes
+        # (Neuron's default): every token of the rows projected, the pairs in B x L / 2 slots.
+        ["--parallelism.tensor_parallel_degree", "2", "--dpo.fixed_shapes", "on"],
         # Each rank holds half of every row's tokens: a pair's sums add both ranks' shares.
         ["--parallelism.context_parallel_degree", "2"],
+        ["--parallelism.context_parallel_degree", "2", "--dpo.fixed_shapes", "on"],
         # Each rank holds half the layers, the last stage the loss: 8 micro-batches of a row each, scored by the
         # live reference through the pipeline schedule before each step.
         ["--parallelism.pipeline_parallel_degree", "2", "--dpo.reference", "live"],
     ],
-    ids=["tp-2", "cp-2", "pp-2-live"],
+    ids=["tp-2-fixed", "cp-2", "cp-2-fixed", "pp-2-live"],
 )
 def test_two_ranks_train_what_one_rank_trains(source, dpo_run, layout):
     _, log = dpo_run
     two = _two_ranks(source, "-".join(layout).strip("-").replace(".", "_"), layout)
+    assert ("fixed shapes (every token of the rows projected" in two) == ("--dpo.fixed_shapes" in layout)
     if "live" in layout:
         assert "[dpo] reference: live, the starting values of" in two
         assert f"of {PAIRS - held_out_pairs()} pairs computed" not in two  # no pass before step 1

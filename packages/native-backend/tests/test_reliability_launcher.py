@@ -1106,3 +1106,21 @@ def test_dpo_with_context_parallelism_over_flex_attention():
         UserInputError, match="--parallelism.context_parallel_degree 2: --objective dpo shares rows"
     ):
         with_preference_loss(config, "cuda")
+
+
+def test_dpo_on_neuron_takes_fixed_shapes_and_refuses_them_off():
+    """Neuron compiles a graph per input shape: preference training there has every tensor of its loss shaped
+    by the rows alone (``auto``), and ``--dpo.fixed_shapes off`` is one line. (Neuron's device type is passed in:
+    this machine has none; the fixed-shape loss itself runs here, ``test_dpo_train.py``.)"""
+    import dataclasses
+
+    from qwen3_titan_common.components.preference import PreferenceOptions, with_preference_loss
+    from qwen3_titan_common.errors import UserInputError
+    from qwen3_titan_native.config_registry import debug
+
+    config = dataclasses.replace(debug(), objective="dpo")
+    assert with_preference_loss(config, "neuron").loss.fixed_shapes
+    assert not with_preference_loss(config, "cpu").loss.fixed_shapes
+    off = dataclasses.replace(config, dpo=PreferenceOptions(fixed_shapes="off"))
+    with pytest.raises(UserInputError, match="--dpo.fixed_shapes off: the loss would select each batch's"):
+        with_preference_loss(off, "neuron")

@@ -1,6 +1,7 @@
 """Preference training on the Qwen3-MoE kernel backend (reference kernels on the CPU), from the debug MoE model's
 random weights (the policy is its own reference whatever they are): step 1 at ln 2, packed with the prompt shared
-and one pair per row with LoRA, and expert parallelism over 2 ranks training what one rank trains."""
+and one pair per row with LoRA, and expert parallelism over 2 ranks with fixed shapes (Trainium's default)
+training what one rank trains."""
 
 import math
 import os
@@ -78,9 +79,11 @@ def test_expert_parallel_trains_what_one_rank_trains(one_rank, tmp_path):
     """The same global batch of 8 rows over EP 2 (4 rows a rank): step k's loss within the rounding of 2k - 1
     forward passes, carried through h (the sigmoid loss moves by at most beta per unit of it)."""
     out, log = one_rank
+    # With fixed shapes, as on Trainium: every token of the rows projected, the pairs in B x L / 2 slots.
     ep = _train(tmp_path / "ep", "--nproc", "2", "--parallelism.expert_parallel_degree", "2", "--batch-size", "4",
-                "--checkpoint.no-enable", "--hf.no-export")  # fmt: skip
+                "--checkpoint.no-enable", "--hf.no-export", "--dpo.fixed_shapes", "on")  # fmt: skip
     assert "[moe] expert parallel 2" in ep
+    assert "fixed shapes (every token of the rows projected" in ep
     one, two = parse_step_lines(log), parse_step_lines(ep)
     assert [s.step for s in two] == list(range(1, STEPS + 1))
     for a, b in zip(one, two, strict=True):

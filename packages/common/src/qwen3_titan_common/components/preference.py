@@ -10,6 +10,8 @@
     --dpo.reference R            precomputed (default: the starting model scores every pair once, before
                                  step 1) or live (a frozen copy of the starting weights scores each step's
                                  pairs; ``train.preference``)
+    --dpo.fixed_shapes M         auto (default: on on Neuron), on or off: every tensor of the loss shaped by
+                                 the batch's rows alone, not by its pairs (Neuron compiles a graph per shape)
 
 Per pair, with ``pi_c``/``pi_r`` the policy's summed log-probabilities of the chosen and rejected
 completions' tokens and ``ref_c``/``ref_r`` the reference model's, ``h = (pi_c - ref_c) - (pi_r - ref_r)``:
@@ -31,6 +33,12 @@ chunked loss cannot compute it chunk by chunk directly. A first pass computes ev
 log-probability without gradients (chunk by chunk); the pairs' losses then give each token's weight,
 ``dL/dlog p``, and the second pass is torchtitan's :class:`ChunkedLossWrapper` on the weighted token NLL,
 whose gradient is exactly the DPO loss's. Both passes see only the completions' tokens (the trained positions).
+
+With fixed shapes (``--dpo.fixed_shapes``, on by default on Neuron, which compiles one graph per input shape) no
+tensor's shape depends on the batch's pairs: both passes run on every token of the rows (the untrained ones with
+weight 0), a batch has ``B * L / 2`` pair slots (a pair has at least two completion tokens) of which ``valid_P``
+marks the used ones, and nothing is read back to the host during the step. The projection then also runs on the
+prompts' tokens: the price of one graph for every step.
 """
 
 from __future__ import annotations
@@ -86,6 +94,11 @@ class PreferenceOptions:
     weights, swapped in to score each step's pairs before its forward: one more forward per step, one more copy
     of the trained weights in memory; with LoRA only the adapters are copied)."""
 
+    fixed_shapes: Literal["auto", "on", "off"] = "auto"
+    """Every tensor of the loss shaped by the batch's rows alone, not by its pairs and completion tokens (auto: on
+    on Neuron, which compiles a graph per input shape; off elsewhere, where the output projection then runs on the
+    completions' tokens only)."""
+
     def __post_init__(self) -> None:
         if not (math.isfinite(self.beta) and self.beta > 0):
             raise UserInputError(f"--dpo.beta {self.beta}: expected a positive number (TRL's default is 0.1)")
@@ -129,6 +142,8 @@ class PairLayout:
     side_N: torch.Tensor
     records_P: torch.Tensor
     pairs: int
+    valid_P: torch.Tensor | None = None
+    """Fixed shapes (:meth:`fixed`): which of the ``pairs`` slots hold a pair; None: every one does."""
 
     @staticmethod
     def of(targets_BL: torch.Tensor, positions_BL: torch.Tensor, records_BL: torch.Tensor) -> PairLayout:
@@ -146,6 +161,27 @@ class PairLayout:
             )
         records_P = records_BL[trained_BL][starts_N][0::2]
         return PairLayout(trained_BL, order_N // 2, order_N % 2, records_P, sequences // 2)
+
+    @staticmethod
+    def fixed(targets_BL: torch.Tensor, positions_BL: torch.Tensor, records_BL: torch.Tensor) -> PairLayout:
+        """The same layout in shapes set by ``(B, L)`` alone: ``pair_N``/``side_N`` for every token of the rows
+        (row-major; an untrained token's are slot 0's, weighed 0), ``B * L // 2`` pair slots, ``records_P`` -1 in
+        an unused slot, and no value read back to the host."""
+        trained_BL = targets_BL != IGNORE_INDEX
+        tokens = targets_BL.numel()
+        sequence_N = torch.cumsum(segment_starts(positions_BL).reshape(-1).to(torch.int64), 0) - 1
+        trained_N = trained_BL.reshape(-1)
+        # Each sequence's rank among the sequences holding trained tokens: chosen, rejected, chosen, ...
+        holds_S = torch.zeros(tokens, dtype=torch.int64, device=targets_BL.device)
+        holds_S = holds_S.index_add(0, sequence_N, trained_N.to(torch.int64)).clamp(max=1)
+        order_N = (torch.cumsum(holds_S, 0) - 1)[sequence_N]
+        pair_N = torch.where(trained_N, order_N // 2, 0)
+        side_N = torch.where(trained_N, order_N % 2, 0)
+        slots = max(1, tokens // 2)
+        unused = torch.full((slots,), -1, dtype=records_BL.dtype, device=records_BL.device)
+        marked_N = torch.where(trained_N, records_BL.reshape(-1), -1)
+        records_P = unused.scatter_reduce(0, pair_N, marked_N, reduce="amax")
+        return PairLayout(trained_BL, pair_N, side_N, records_P, slots, valid_P=records_P >= 0)
 
     def sums(
         self, values_N: torch.Tensor, at: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -166,6 +202,7 @@ class _Completions:
     targets_N: torch.Tensor
     pair_n: torch.Tensor
     side_n: torch.Tensor
+    trained_n: torch.Tensor | None = None  # fixed shapes: which of the tokens train (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -175,6 +212,11 @@ class PreferenceBatch:
     targets_BL: torch.Tensor
     records_BL: torch.Tensor
     positions_BL: torch.Tensor
+
+
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """What a pair's summed log-probabilities are kept in: float64, except on a device without it (Neuron's)."""
+    return torch.float64 if device.type in ("cpu", "cuda", "meta") else torch.float32
 
 
 def take_preference_batch(input_dict: dict[str, torch.Tensor]) -> PreferenceBatch | None:
@@ -247,11 +289,14 @@ class PreferenceLoss(TrainedTokenLoss):
         chunk_tokens: int = 128
         """Completion tokens per chunk of the output projection: what bounds the logits held at once (at
         Qwen3's 151,936-token vocabulary, 78 MB in fp32 a buffer), whatever the batch's pairs."""
+        fixed_shapes: bool = False
+        """Every tensor shaped by the rows alone (the module docstring); set from --dpo.fixed_shapes."""
 
     def __init__(self, config: Config, *, compile_config: CompileConfig | None = None):
         super().__init__(config, compile_config=compile_config)
         self.options = config.options
         self.chunk_tokens = config.chunk_tokens
+        self.fixed_shapes = config.fixed_shapes
         self.reference = None  # train.preference.ReferenceLogps, set before the first step
         # The labels of the loss's next calls, each with its batch: one, or a step's micro-batches.
         self._expected: list[tuple[torch.Tensor, PreferenceBatch]] = []
@@ -322,8 +367,8 @@ class PreferenceLoss(TrainedTokenLoss):
         if stats is None:
             if self._pipeline is None:
                 return None
-            stats = torch.zeros(6, dtype=torch.float64, device=self._pipeline_device)
-        total = stats.detach().to(torch.float64).clone()
+            stats = torch.zeros(6, dtype=sum_dtype(self._pipeline_device), device=self._pipeline_device)
+        total = stats.detach().clone()
         # Under pipeline parallelism only the last stage holds any: summed over the pipeline first.
         for group in (self._pipeline, self._group):
             if group is not None:
@@ -366,14 +411,41 @@ class PreferenceLoss(TrainedTokenLoss):
         completions = self._completions(hidden_BLD, batch)
         return (completions.layout, *self._sums(completions))
 
+    def _layout(self, batch: PreferenceBatch) -> PairLayout:
+        build = PairLayout.fixed if self.fixed_shapes else PairLayout.of
+        return build(batch.targets_BL, batch.positions_BL, batch.records_BL)
+
     def _completions(self, hidden_BLD: torch.Tensor, batch: PreferenceBatch) -> _Completions:
         """The pairs' layout, and this rank's completion tokens: their hidden states, targets, pairs and sides.
 
         Under context parallelism the batch is the whole rows (every CP rank has them) and ``hidden_BLD`` this
         rank's share of their tokens (``models.context_parallel``): the layout is the rows', the tokens the
         share's."""
-        layout = PairLayout.of(batch.targets_BL, batch.positions_BL, batch.records_BL)
+        layout = self._layout(batch)
         trained_BL, targets_BL = layout.trained_BL, batch.targets_BL
+        if self.fixed_shapes:
+            # Every token of the rows (this CP rank's share of them), the untrained ones' targets made 0 so that
+            # any vocabulary slice can gather them; their weight is 0.
+            targets_BL = torch.where(trained_BL, targets_BL, 0)
+            pair_BL, side_BL = layout.pair_N.view(trained_BL.shape), layout.side_N.view(trained_BL.shape)
+            if self._context is not None:
+                group = self._context
+                index = local_token_index(
+                    targets_BL.shape[1],
+                    dist.get_world_size(group),
+                    dist.get_rank(group),
+                    device=targets_BL.device,
+                )
+                targets_BL, pair_BL, side_BL = targets_BL[:, index], pair_BL[:, index], side_BL[:, index]
+                trained_BL = trained_BL[:, index]
+            return _Completions(
+                layout,
+                hidden_BLD.reshape(-1, hidden_BLD.shape[-1]),
+                targets_BL.reshape(-1),
+                pair_BL.reshape(-1),
+                side_BL.reshape(-1),
+                trained_BL.reshape(-1),
+            )
         if self._context is None:
             return _Completions(
                 layout, hidden_BLD[trained_BL], targets_BL[trained_BL], layout.pair_N, layout.side_N
@@ -398,11 +470,19 @@ class PreferenceLoss(TrainedTokenLoss):
         """Per pair, the summed completion log-probabilities (float64, no gradient; over the CP group's shares
         of the rows) and token counts."""
         layout = completions.layout
-        logp_n = self.token_logps(completions.hidden_ND.detach(), completions.targets_N).double()
+        dtype = sum_dtype(completions.targets_N.device)
+        logp_n = self.token_logps(completions.hidden_ND.detach(), completions.targets_N).to(dtype)
+        if completions.trained_n is not None:  # fixed shapes: every token, the untrained ones counted 0
+            logp_n = logp_n * completions.trained_n.to(dtype)
         sums_P2 = layout.sums(logp_n, at=(completions.pair_n, completions.side_n))
         if self._context is not None:
             dist.all_reduce(sums_P2, group=self._context)
-        counts_P2 = layout.sums(torch.ones(layout.pair_N.shape, dtype=torch.float64, device=sums_P2.device))
+        # Over the whole rows' tokens as the layout numbers them: its trained ones (fixed shapes: every token).
+        if layout.valid_P is None:
+            trained_N = torch.ones(layout.pair_N.shape, dtype=dtype, device=logp_n.device)
+        else:
+            trained_N = layout.trained_BL.reshape(-1).to(dtype)
+        counts_P2 = layout.sums(trained_N)
         return sums_P2, counts_P2
 
     def __call__(
@@ -424,13 +504,23 @@ class PreferenceLoss(TrainedTokenLoss):
         layout, hidden_ND, targets_N = completions.layout, completions.hidden_ND, completions.targets_N
         policy_P2, counts_P2 = self._sums(completions)
         policy_P2.requires_grad_(True)
-        reference_P2 = self.reference.lookup(layout.records_P).to(policy_P2)
+        valid_P = layout.valid_P
+        if valid_P is None:
+            reference_P2 = self.reference.lookup(layout.records_P).to(policy_P2)
+        else:
+            # An unused slot's count is made 1 (IPO divides by it) and its loss and metrics 0.
+            reference_P2 = self.reference.gather(layout.records_P).to(policy_P2)
+            counts_P2 = counts_P2.clamp(min=1)
         with torch.enable_grad():
             losses_P, stats_P4 = preference_losses(policy_P2, reference_P2, counts_P2, self.options)
+            if valid_P is not None:
+                losses_P = losses_P * valid_P
+                stats_P4 = stats_P4 * valid_P[:, None]
             # Without a divisor (validation), the sum over pairs: its caller divides by the pairs of every rank.
             value = losses_P.sum() / (global_valid_tokens if global_valid_tokens is not None else 1)
         if counted:
-            self._keep_stats(losses_P.detach(), stats_P4, layout.pairs)
+            pairs = layout.pairs if valid_P is None else valid_P.sum()
+            self._keep_stats(losses_P.detach(), stats_P4, pairs)
         # Every CP rank computes every pair's loss; the loss mesh (batch x cp) sums one share from each.
         shares = dist.get_world_size(self._context) if self._context is not None else 1
         reported = value.detach().float() / shares
@@ -443,6 +533,8 @@ class PreferenceLoss(TrainedTokenLoss):
         weights_N = -grad_P2[completions.pair_n, completions.side_n].to(
             torch.promote_types(pred.dtype, torch.float32)
         )
+        if completions.trained_n is not None:
+            weights_N = weights_N * completions.trained_n
         # torchtitan's chunked loss splits into equal chunks: as many as keep each within chunk_tokens.
         self.num_chunks = max(1, -(-targets_N.numel() // self.chunk_tokens))
         padded = max(1, -(-targets_N.numel() // self.num_chunks)) * self.num_chunks
@@ -450,8 +542,9 @@ class PreferenceLoss(TrainedTokenLoss):
         surrogate, _ = self._chunked_loss(hidden_ND, targets_N, None, weights=weights)
         return reported + (surrogate - surrogate.detach()), {}
 
-    def _keep_stats(self, losses_P: torch.Tensor, stats_P4: torch.Tensor, pairs: int) -> None:
-        sums = torch.cat([losses_P.sum()[None], stats_P4.sum(0), losses_P.new_tensor([pairs])]).double()
+    def _keep_stats(self, losses_P: torch.Tensor, stats_P4: torch.Tensor, pairs: int | torch.Tensor) -> None:
+        count = torch.as_tensor(pairs, dtype=losses_P.dtype, device=losses_P.device).reshape(1)
+        sums = torch.cat([losses_P.sum()[None], stats_P4.sum(0), count]).to(sum_dtype(losses_P.device))
         self._stats = sums if self._stats is None else self._stats + sums
 
 
@@ -464,10 +557,11 @@ def with_preference_loss(config, device_type: str):
 
     if config.objective != "dpo":
         return config
-    if device_type == "neuron":
+    fixed = config.dpo.fixed_shapes == "on" or (config.dpo.fixed_shapes == "auto" and device_type == "neuron")
+    if device_type == "neuron" and not fixed:
         raise UserInputError(
-            "--objective dpo: preference training selects each batch's completion tokens, a shape Neuron would "
-            "compile a graph for at every step; it runs on CPU and CUDA so far (docs/preference.md)"
+            "--dpo.fixed_shapes off: the loss would select each batch's completion tokens, a shape Neuron compiles "
+            "a graph for at every step; use auto or on on Neuron (docs/preference.md)"
         )
     degree = config.parallelism.context_parallel_degree
     if degree > 1 and not uses_document_blocks(config.model_spec.model):
@@ -492,11 +586,13 @@ def with_preference_loss(config, device_type: str):
             "(--moe.router_aux_loss off says so)"
         )
     changes: dict[str, Any] = {
-        "loss": PreferenceLoss.Config(options=config.dpo),
+        "loss": PreferenceLoss.Config(options=config.dpo, fixed_shapes=fixed),
         "dataloader": _with_prompt_layout(config),
     }
     shared = getattr(changes["dataloader"], "share_prompt", False)
     layout = "prompt computed once per pair" if shared else "each completion with its own copy of the prompt"
+    if fixed:
+        layout += "; fixed shapes (every token of the rows projected, B x L / 2 pair slots)"
     logger.info(f"[dpo] preference training: {config.dpo.describe()}; {layout} (--dpo.*)")
     return dataclasses.replace(config, **changes)
 

@@ -36,7 +36,7 @@ from torch.utils.data import DataLoader, default_collate
 from torchtitan.tools.logging import logger
 
 from qwen3_titan_common.compat import without_checkpoint_wrapper
-from qwen3_titan_common.components.preference import PreferenceLoss, take_preference_batch
+from qwen3_titan_common.components.preference import PreferenceLoss, sum_dtype, take_preference_batch
 from qwen3_titan_common.data.dataset import RecordStreamDataset, sample_of
 from qwen3_titan_common.data.packing import padding_row
 from qwen3_titan_common.errors import UserInputError
@@ -68,10 +68,15 @@ class ReferenceLogps:
                 f"records {missing[:5]} of the data have no reference log-probabilities: the reference pass before "
                 f"step 1 did not score them; resume with {self.settings} the run started with"
             )
+        return self.gather(records_P)
+
+    def gather(self, records_P: torch.Tensor) -> torch.Tensor:
+        """:meth:`lookup` without its check, in shapes set by ``records_P``'s alone and nothing read back to the
+        host (fixed shapes: a slot without a pair, record -1, gets a value its loss then drops)."""
         device = records_P.device
         if device not in self._on_device:
-            self._on_device[device] = self.table_R2.to(device)
-        return self._on_device[device][records_P]
+            self._on_device[device] = self.table_R2.to(device, sum_dtype(device))
+        return self._on_device[device][records_P.clamp(min=0)]
 
     @property
     def pairs(self) -> int:
@@ -207,8 +212,10 @@ def _read_or_compute(trainer, name, stream, batches, what, settings, *, counted=
 
 
 def _compute(trainer, batches, *, records: int, stream: RecordStreamDataset) -> ReferenceLogps:
-    table_R2 = torch.zeros(records, 2, dtype=torch.float64, device=trainer.device)
-    seen_R = torch.zeros(records, dtype=torch.float64, device=trainer.device)
+    # One row more: a fixed-shape batch's unused pair slots (record -1) are written there, then dropped.
+    dtype = sum_dtype(trainer.device)
+    table_R2 = torch.zeros(records + 1, 2, dtype=dtype, device=trainer.device)
+    seen_R = torch.zeros(records + 1, dtype=dtype, device=trainer.device)
     tokens_seen = trainer.ntokens_seen
     pipelined = trainer.parallel_dims.pp_enabled
     with Phase(f"reference log-probabilities of {records:,} records"):
@@ -218,6 +225,7 @@ def _compute(trainer, batches, *, records: int, stream: RecordStreamDataset) -> 
             else _through_the_model(trainer, batches)
         )
         for records_P, sums_P2 in found:
+            records_P = torch.where(records_P >= 0, records_P, records)
             table_R2[records_P] = sums_P2.to(table_R2)
             seen_R[records_P] = 1.0
     trainer.ntokens_seen = tokens_seen
@@ -234,7 +242,7 @@ def _compute(trainer, batches, *, records: int, stream: RecordStreamDataset) -> 
             group = dims.get_mesh(mesh).get_group()
             dist.all_reduce(table_R2, group=group)
             dist.all_reduce(seen_R, group=group)
-    return ReferenceLogps(table_R2.cpu(), seen_R.cpu() > 0)
+    return ReferenceLogps(table_R2[:records].cpu().double(), seen_R[:records].cpu() > 0)
 
 
 class LiveReference:
@@ -255,8 +263,11 @@ class LiveReference:
                     self.weights[without_checkpoint_wrapper(name).replace("_orig_mod.", "")] = param
         with torch.no_grad():
             self.frozen = {name: param.detach().clone() for name, param in self.weights.items()}
-        self._records_K = torch.zeros(0, dtype=torch.int64)
-        self._sums_K2 = torch.zeros(0, 2, dtype=torch.float64)
+        # Per record of the data (one row more for a fixed-shape batch's unused slots): the step's reference, and
+        # the step that scored it.
+        self._table_R2: torch.Tensor | None = None
+        self._scored_R: torch.Tensor | None = None
+        self._step = 0
 
     @property
     def nbytes(self) -> int:
@@ -299,28 +310,36 @@ class LiveReference:
     def score(self, trainer, batches: list) -> None:
         """The reference of the pairs in ``batches`` (a step's, as drawn from the loader, left unchanged), for
         :meth:`lookup` during that step."""
+        if self._table_R2 is None:
+            records, device = len(trainer.dataloader.dataset.source), trainer.device
+            self._table_R2 = torch.zeros(records + 1, 2, dtype=sum_dtype(device), device=device)
+            self._scored_R = torch.zeros(records + 1, dtype=torch.int64, device=device)
+        self._step += 1
+        unused = self._table_R2.shape[0] - 1
         tokens_seen = trainer.ntokens_seen
         with self.swapped_in(), routing_not_counted(trainer.model_parts):
             if trainer.parallel_dims.pp_enabled:
-                found = list(_through_the_pipeline(trainer, batches, trainer.dataloader.dataset))
+                found = _through_the_pipeline(trainer, batches, trainer.dataloader.dataset)
             else:
-                found = list(_through_the_model(trainer, batches))
+                found = _through_the_model(trainer, batches)
+            # A pipeline stage before the last finds none: it computes no loss.
+            for records_P, sums_P2 in found:
+                records_P = torch.where(records_P >= 0, records_P, unused)
+                self._table_R2[records_P] = sums_P2.to(self._table_R2)
+                self._scored_R[records_P] = self._step
         trainer.ntokens_seen = tokens_seen
-        if found:
-            self._records_K = torch.cat([records for records, _ in found])
-            self._sums_K2 = torch.cat([sums for _, sums in found])
-        else:  # a pipeline stage before the last computes no loss
-            self._records_K = self._records_K[:0]
-            self._sums_K2 = self._sums_K2[:0]
 
     def lookup(self, records_P: torch.Tensor) -> torch.Tensor:
         """The (pairs, 2) reference of ``records_P``, pairs of this step's batches (a record drawn twice in one
         step has the same reference both times)."""
-        records_K = self._records_K.to(records_P.device)
-        match_PK = records_P[:, None] == records_K[None, :]
-        if not bool(match_PK.any(dim=1).all()):
+        if not bool((self._scored_R[records_P] == self._step).all()):
             raise RuntimeError("the live reference did not score every pair of the step")
-        return self._sums_K2.to(records_P.device)[match_PK.to(torch.int8).argmax(dim=1)]
+        return self.gather(records_P)
+
+    def gather(self, records_P: torch.Tensor) -> torch.Tensor:
+        """:meth:`lookup` without its check (fixed shapes: nothing read back to the host; an unused slot, record
+        -1, reads the extra row, which its loss then drops)."""
+        return self._table_R2[torch.where(records_P >= 0, records_P, self._table_R2.shape[0] - 1)]
 
 
 def _on_device(trainer, input_dict, markers):

@@ -296,7 +296,7 @@ class Qwen3Trainer(Trainer):
         if reason is None and isinstance(config.loss, LMLossWithRouterBalance.Config):
             reason = "the router balance loss reads each forward's routing from the routers (--moe.router_aux_loss)"
         if reason is None and isinstance(config.loss, PreferenceLoss.Config):
-            reason = "the preference loss selects each batch's completion tokens and pairs on the host (--objective dpo)"
+            reason = "the preference loss takes each batch's pairs from the data on the host, which a replay would not (--objective dpo)"
         if reason is None:
             return config
         logger.info(f"[cuda graphs] off for this run: {reason}")
