@@ -192,6 +192,11 @@ def _listing(*roots):
             "--dpo.beta 0.0: expected a positive number",
         ),
         (
+            ["{dense}", "--dataset", "{pairs}", "--reference", "{hub_adapter}"],
+            "base_model_name_or_path 'Qwen/Qwen3-0.6B': not a local directory; pass the model training started "
+            "from as a model directory to --reference",
+        ),
+        (
             ["{dense}", "--dataset", "{pairs}", "--reference", "{other_vocab}"],
             "--reference {other_vocab}: vocab_size 4160 (config.json), the model's is 4096",
         ),
@@ -214,6 +219,7 @@ def _listing(*roots):
         "missing-reference",
         "pairs-at-random-init",
         "zero-beta",
+        "reference-adapter-base-not-local",
         "reference-of-another-vocabulary",
     ],  # fmt: skip
 )

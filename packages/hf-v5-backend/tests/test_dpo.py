@@ -36,7 +36,7 @@ def test_dpo_starts_at_ln2(tmp_path, flags, layout):
         *EXACT,
         *flags,
         "--steps",
-        "2",
+        "2" if flags else "1",
         "--out",
         str(tmp_path / "out"),
     ]
@@ -45,6 +45,12 @@ def test_dpo_starts_at_ln2(tmp_path, flags, layout):
     assert proc.returncode == 0, log[-3000:]
     assert_starts_at_ln2(log, source)
     assert layout in log
+    if not flags:
+        # The 61 training pairs fill 2 batches of 8 rows: one step reads half what the pass before step 1
+        # scored, which is said, with the way out.
+        assert (
+            "[dpo] training reads 1 of the 2 batches scored (50%; 1 step to go); --dpo.reference live" in log
+        )
     if "live" in flags:
         assert (
             "[dpo] reference: live, the starting values of 28 trained tensors" in log

@@ -187,10 +187,16 @@ def is_adapter_dir(path: str | os.PathLike) -> bool:
     return (folder / ADAPTER_CONFIG).is_file() and not (folder / "config.json").is_file()
 
 
-def open_adapted_model(path: str | os.PathLike, base: str | None = None, flag: str = "model directory"):
+def open_adapted_model(
+    path: str | os.PathLike,
+    base: str | None = None,
+    flag: str = "model directory",
+    no_base: str = "pass --base DIR (the model it adapts)",
+):
     """A peft adapter directory as the model it makes: its base (``base``, else the adapter's
     ``base_model_name_or_path``) with the adapter merged as its weights are read (``HFModelDir.adapter``).
-    The adapter's tensors are checked against the base's architecture, one line naming the first misfit."""
+    The adapter's tensors are checked against the base's architecture, one line naming the first misfit;
+    ``no_base``: what to do when the adapter names no local base (the caller's flag for one)."""
     import dataclasses
 
     from qwen3_titan_common.hf.model_dir import open_model_dir
@@ -198,14 +204,10 @@ def open_adapted_model(path: str | os.PathLike, base: str | None = None, flag: s
     adapter = open_adapter_dir(path, flag=flag)
     source = base or adapter.base_model
     if not source:
-        raise CheckpointError(
-            f"{adapter.path / ADAPTER_CONFIG}: no base_model_name_or_path; pass --base DIR (the model it adapts)"
-        )
+        raise CheckpointError(f"{adapter.path / ADAPTER_CONFIG}: no base_model_name_or_path; {no_base}")
     shown = "--base" if base else f"{adapter.path / ADAPTER_CONFIG}: base_model_name_or_path"
     if not base and not Path(source).expanduser().is_dir():
-        raise CheckpointError(
-            f"{shown} {source!r}: not a local directory; pass --base DIR (the model it adapts)"
-        )
+        raise CheckpointError(f"{shown} {source!r}: not a local directory; {no_base}")
     model = open_model_dir(source, flag=shown)
     check_adapter_shapes(
         adapter, expected_adapter_shapes(model.architecture, adapter.target_modules, adapter.params.rank)

@@ -180,13 +180,13 @@ def eval_model_builder(name: str | None):
     return eval_model_of(backends[name].eval_model), name
 
 
-def _open(path: str, base: str | None = None, flag: str = "model directory"):
+def _open(path: str, base: str | None = None, flag: str = "model directory", no_base: str | None = None):
     from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapted_model
     from qwen3_titan_common.hf.expected_keys import check_keys, expected_hf_shapes
     from qwen3_titan_common.hf.model_dir import open_model_dir
 
     if is_adapter_dir(path):
-        model_dir = open_adapted_model(path, base)
+        model_dir = open_adapted_model(path, base, **({"no_base": no_base} if no_base else {}))
     elif base is not None:
         raise EvalError(f"--base {base}: {path} is a model directory, not a peft adapter; drop --base")
     else:
@@ -361,10 +361,8 @@ def _score_pairs(args, build, model_dir, data, loader, shown: str, device) -> tu
     """The model's and then the reference's pass over the pairs, one model in memory at a time; every
     refusal before either is built."""
     import dataclasses
-    from pathlib import Path
 
     from qwen3_titan_common.components.preference import PreferenceOptions
-    from qwen3_titan_common.hf.adapter import is_adapter_dir, open_adapter_dir
     from qwen3_titan_common.models.attention import uses_document_blocks
     from qwen3_titan_common.scripts.eval_pairs import pair_sums, score_pairs
 
@@ -381,15 +379,12 @@ def _score_pairs(args, build, model_dir, data, loader, shown: str, device) -> tu
         label_smoothing=args.label_smoothing,
         sft_weight=args.sft_weight,
     )
-    if is_adapter_dir(args.reference):
-        base = open_adapter_dir(args.reference, flag="--reference").base_model
-        if not base or not Path(base).expanduser().is_dir():
-            # --base is the evaluated adapter's; a reference adapter brings its own base.
-            raise EvalError(
-                f"--reference {args.reference}: a peft adapter whose base_model_name_or_path {base!r} is not a "
-                "local directory; pass the model training started from as a model directory"
-            )
-    reference_dir = _open(args.reference, flag="--reference")
+    # --base is the evaluated adapter's; a reference adapter brings its own base.
+    reference_dir = _open(
+        args.reference,
+        flag="--reference",
+        no_base="pass the model training started from as a model directory to --reference",
+    )
     ours, theirs = model_dir.architecture, reference_dir.architecture
     if theirs.vocab_size != ours.vocab_size:
         raise EvalError(

@@ -137,10 +137,33 @@ def reference_logps(trainer) -> ReferenceLogps:
         local_batch_size=dataset.local_batch_size,
     )
     # The finite stream ends on a whole group (padding rows complete it): the same batches on every rank.
-    batches = DataLoader(stream, batch_size=dataset.local_batch_size)
-    return _read_or_compute(
+    batches = _Counted(DataLoader(stream, batch_size=dataset.local_batch_size))
+    reference = _read_or_compute(
         trainer, REFERENCE_FILE, stream, batches, "pairs", "the data settings", counted=stream
     )
+    steps = trainer.config.training.steps - trainer.step
+    read = steps * trainer.gradient_accumulation_steps * trainer.num_pipeline_parallel_microbatches
+    if 0 < read < batches.count:
+        # A run shorter than an epoch: the pass scored pairs no step will read.
+        share = read / batches.count
+        logger.info(
+            f"[dpo] training reads {read:,} of the {batches.count:,} batches scored ({share:.0%}; {steps:,} "
+            f"step{'s' if steps != 1 else ''} to go); --dpo.reference live scores only the pairs the steps read "
+            "(docs/preference.md)"
+        )
+    return reference
+
+
+class _Counted:
+    """An iterable that counts what it hands out."""
+
+    def __init__(self, iterable):
+        self.iterable, self.count = iterable, 0
+
+    def __iter__(self):
+        for item in self.iterable:
+            self.count += 1
+            yield item
 
 
 def live_reference_ready(trainer) -> LiveReference:
@@ -165,23 +188,28 @@ def validation_reference_logps(trainer) -> ReferenceLogps:
     loader, batches = trainer.validator.batches()
     stream = loader.dataset.stream
     return _read_or_compute(
-        trainer, VALIDATION_REFERENCE_FILE, stream, batches, "held-out pairs", "the --validator.* settings"
+        trainer,
+        VALIDATION_REFERENCE_FILE,
+        stream,
+        batches,
+        "held-out pairs",
+        "the --validator.* settings",
+        missing="resume with --validator.no-enable (the run started without validation), or ",
     )
 
 
-def _read_or_compute(trainer, name, stream, batches, what, settings, *, counted=None) -> ReferenceLogps:
+def _read_or_compute(
+    trainer, name, stream, batches, what, settings, *, counted=None, missing=""
+) -> ReferenceLogps:
     """Read back from ``<dump_folder>/<name>`` when resuming, else computed from ``batches`` and saved there;
     ``settings``: the flags a resume must keep for the same pairs; ``counted``: the stream whose identical and
-    skipped pairs the line reports."""
+    skipped pairs the line reports; ``missing``: the way out beside a new dump folder when a resume finds no
+    file."""
     path = Path(trainer.config.dump_folder) / name
     expected = reference_metadata(stream)
     if trainer.step > 0:
         if not path.is_file():
-            way_out = "use a new --dump_folder"
-            if name == VALIDATION_REFERENCE_FILE:
-                way_out = (
-                    "resume with --validator.no-enable (the run started without validation), or " + way_out
-                )
+            way_out = missing + "use a new --dump_folder"
             raise UserInputError(
                 f"{path} is missing: a preference run resumed at step {trainer.step} needs the reference "
                 f"log-probabilities of its {what} computed before its first step (the weights have moved since); "
