@@ -449,3 +449,44 @@ def test_the_live_reference_swaps_the_starting_weights_in_and_back():
     with live.swapped_in():
         assert torch.equal(model[0].bias, start["0.bias"])
     assert live.nbytes == 4 * (6 + 2 + 2)
+
+
+def test_the_live_reference_is_what_an_fsdp_forward_computes_with(tmp_path):
+    """FSDP2 computes with an all-gathered copy of each group's shards, which the root group (and, under
+    pipeline parallelism, every group) keeps after its forward: the swap reshards first, so that the reference's
+    forward gathers the reference and the policy's next forward the policy, not the copy left by the other."""
+    import torch.distributed as dist
+    from qwen3_titan_common.train.preference import LiveReference
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        mesh = init_device_mesh("cpu", (1,))
+        fully_shard(model[0], mesh=mesh)  # resharded after its forward
+        fully_shard(model, mesh=mesh)  # the root: model[1] stays gathered after the forward
+        live = LiveReference([model])
+        live.freeze_starting_weights()
+        x = torch.ones(2, 4)
+
+        def computed_by(values):
+            hidden = F.linear(x, values["0.weight"], values["0.bias"])
+            return F.linear(hidden, values["1.weight"], values["1.bias"])
+
+        start = {name: p.full_tensor().detach().clone() for name, p in live.weights.items()}
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        moved = {name: p.full_tensor().detach().clone() for name, p in live.weights.items()}
+        with torch.no_grad():
+            model(x)  # a forward of the policy (validation's), leaving the root gathered
+            with live.swapped_in():
+                reference = model(x)
+            policy = model(x)
+        torch.testing.assert_close(reference, computed_by(start), rtol=0, atol=0)
+        torch.testing.assert_close(policy, computed_by(moved), rtol=0, atol=0)
+    finally:
+        dist.destroy_process_group()

@@ -265,11 +265,6 @@ class HFCausalLM(BaseModel):
         self.tokens_per_expert_LE.zero_()
         return ExpertCounts(self.hf_config.num_experts_per_tok, counts)
 
-    def give_back_expert_counts(self, counts: ExpertCounts | None) -> None:
-        """Adds counts taken by :meth:`take_expert_counts` back: forwards in between were not the step's own."""
-        for layer, taken in (counts.by_layer if counts is not None else {}).items():
-            self.tokens_per_expert_LE[int(layer)].add_(taken)
-
     def verify_module_protocol(self) -> None:
         # The transformers submodules are plain nn.Modules by design: this backend trains them
         # unchanged. What the rest of the backend relies on is the layout, checked here.

@@ -194,8 +194,9 @@ def _check_reference(
     where = f"--dump_folder {dump_folder}: its checkpoints (newest: step {step} in {folder})"
     if saved["reference"] == "live":
         raise OtherModelError(
-            f"{where} hold the starting weights of a live preference reference, and this run reads a precomputed "
-            "one: resume it with --dpo.reference live, or pass a new --dump_folder"
+            f"{where} hold the starting weights of a live preference reference, and this run keeps none (a "
+            "precomputed reference, or not --objective dpo): resume it with --objective dpo --dpo.reference live, "
+            "or pass a new --dump_folder"
         )
     raise OtherModelError(
         f"{where} hold no live reference's weights (the run started with --dpo.reference precomputed, or without "

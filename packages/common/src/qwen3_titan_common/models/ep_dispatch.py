@@ -24,7 +24,6 @@ of this rank, C capacity, P expert-parallel ranks, D model width.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 from dataclasses import dataclass
@@ -75,16 +74,6 @@ class CapacityTokenDispatcher(BaseEPTokenDispatcher):
     def capacity(self, tokens: int) -> int:
         balanced = tokens * self.top_k / self.num_experts
         return max(1, min(tokens, math.ceil(balanced * self.capacity_factor)))
-
-    @contextlib.contextmanager
-    def not_counting(self):
-        """Forwards in the body are not counted (the live preference reference's: not the step's own)."""
-        kept = self._dropped, self._assigned
-        self._dropped, self._assigned = [], 0
-        try:
-            yield
-        finally:
-            self._dropped, self._assigned = kept
 
     def take_dropped(self) -> tuple[int, int]:
         """(assignments dropped, assignments routed) on this rank since the last call."""

@@ -272,12 +272,6 @@ class Qwen3TitanModel(Qwen3Model):
             top_k = block.moe.router.top_k
         return ExpertCounts(top_k, counts) if counts else None
 
-    def give_back_expert_counts(self, counts: ExpertCounts | None) -> None:
-        """Adds counts taken by :meth:`take_expert_counts` back: forwards in between were not the step's own."""
-        for layer_id, taken in (counts.by_layer if counts is not None else {}).items():
-            counter = self.layers[layer_id].moe.tokens_per_expert_E
-            (counter.to_local() if hasattr(counter, "to_local") else counter).add_(taken)
-
     def get_attention_masks(self, positions: torch.Tensor):
         attention = self.config.first_attention
         if attention is not None and isinstance(attention.inner_attention, DocumentBlockAttention.Config):

@@ -7,7 +7,6 @@ torchtitan's own ``MoE.tokens_per_expert_E``; hf-v5: counted from transformers' 
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -110,27 +109,3 @@ def dropped_assignments(model_parts, parallel_dims) -> tuple[int, int]:
     totals = torch.tensor([dropped, routed], dtype=torch.int64, device=titan_utils.device_type)
     dropped, routed = _summed_over_token_ranks(totals, parallel_dims).tolist()
     return int(dropped), int(routed)
-
-
-@contextlib.contextmanager
-def routing_not_counted(model_parts):
-    """The body's forwards route tokens without adding to the counts the step line reads (the experts' load and
-    the dropped assignments): they are not the step's own (the live preference reference's, ``train.preference``).
-    """
-    kept = []
-    for part in model_parts:
-        take = getattr(part, "take_expert_counts", None)
-        if callable(take):
-            kept.append((part, take()))
-    with contextlib.ExitStack() as paused:
-        for part in model_parts:
-            for module in part.modules():
-                not_counting = getattr(getattr(module, "token_dispatcher", None), "not_counting", None)
-                if callable(not_counting):
-                    paused.enter_context(not_counting())
-        try:
-            yield
-        finally:
-            for part, counts in kept:
-                part.take_expert_counts()
-                part.give_back_expert_counts(counts)

@@ -273,7 +273,7 @@ def with_more_nodes(
 
     config = job.config
     world = job.parallel_dims.world_size
-    state = sum(estimate.by_kind.get(kind, 0) for kind in ("params", "grads", "optimizer"))
+    state = sum(estimate.by_kind.get(kind, 0) for kind in ("params", "grads", "optimizer", "live reference"))
     rest = estimate.total_bytes - state
     for factor in MORE_NODES:
         # Only the sharded state shrinks with more ranks: a count that cannot fit by that alone is not tracked.

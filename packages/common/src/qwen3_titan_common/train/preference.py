@@ -40,7 +40,6 @@ from qwen3_titan_common.components.preference import PreferenceLoss, sum_dtype, 
 from qwen3_titan_common.data.dataset import RecordStreamDataset, sample_of
 from qwen3_titan_common.data.packing import padding_row
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.perf.expert_load import routing_not_counted
 from qwen3_titan_common.perf.memory import local_numel
 from qwen3_titan_common.perf.progress import Phase
 
@@ -284,6 +283,7 @@ class LiveReference:
     LoRA: the frozen base is the same in both)."""
 
     def __init__(self, model_parts: list[torch.nn.Module]):
+        self.model_parts = model_parts
         self.weights: dict[str, torch.nn.Parameter] = {}
         for part in model_parts:
             for name, param in part.named_parameters():
@@ -328,12 +328,32 @@ class LiveReference:
             self._swap()
 
     def _swap(self) -> None:
+        """Each trained parameter's values and the reference's exchanged: all of them, or (on an error part
+        way) none. FSDP2 computes with an all-gathered copy of each group's shards, which a group that is not
+        resharded after its forward (the root; every group under pipeline parallelism) keeps for the next
+        forward: every group is resharded first, so that the next forward gathers the values swapped in."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for part in self.model_parts:
+            for module in part.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
+        done: list[str] = []
+        try:
+            for name in self.weights:
+                self._exchange(name)
+                done.append(name)
+        except BaseException:
+            for name in done:
+                self._exchange(name)
+            raise
+
+    def _exchange(self, name: str) -> None:
         with torch.no_grad():
-            for name, param in self.weights.items():
-                frozen = self.frozen[name]
-                held = param.detach().clone()
-                param.copy_(frozen)
-                frozen.copy_(held)
+            param, frozen = self.weights[name], self.frozen[name]
+            held = param.detach().clone()
+            param.copy_(frozen)
+            frozen.copy_(held)
 
     def score(self, trainer, batches: list) -> None:
         """The reference of the pairs in ``batches`` (a step's, as drawn from the loader, left unchanged), for
@@ -345,7 +365,9 @@ class LiveReference:
         self._step += 1
         unused = self._table_R2.shape[0] - 1
         tokens_seen = trainer.ntokens_seen
-        with self.swapped_in(), routing_not_counted(trainer.model_parts):
+        # In eval mode and without gradients (_through_the_*): the models and the expert exchange count the
+        # experts' load of training forwards only, so the step line's `experts:` is the policy's.
+        with self.swapped_in():
             if trainer.parallel_dims.pp_enabled:
                 found = _through_the_pipeline(trainer, batches, trainer.dataloader.dataset)
             else:

@@ -343,6 +343,8 @@ class Qwen3Trainer(Trainer):
             # The step's batches, drawn as torchtitan's step draws them, scored by the reference first.
             draws = self.gradient_accumulation_steps * self.num_pipeline_parallel_microbatches
             batches = [next(data_iterator) for _ in range(draws)]
+            # The swap writes the weights and the reference's copy: an asynchronous save must have staged both.
+            self.checkpointer.maybe_wait_for_staging()
             self.live_reference.score(self, batches)
             data_iterator = iter(batches)
         super().train_step(data_iterator)
