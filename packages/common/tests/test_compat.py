@@ -177,6 +177,16 @@ def test_gloo_copies_are_held_while_the_collective_runs():
     assert peak >= 2 * 4 * 1024 * 1024
 
 
+def test_recorded_ops_names_each_aten_op_its_output_shapes_and_a_host_read():
+    x = torch.ones(3, 4)
+    with compat.recorded_ops() as recorded:
+        y = x.sum(dim=0)
+        bool(y.max() > 0)
+    ops = [op for op, _ in recorded.ops]
+    assert ("aten.sum.dim_IntList", ((4,),)) in recorded.ops
+    assert any("_local_scalar_dense" in op for op in ops)
+
+
 def test_the_cpu_flash_attention_kernel_is_sdpa_under_a_mask_forward_and_backward():
     # The op SDPA dispatches to on the CPU, called directly: the same output and gradients as the public
     # function under the same additive mask (grouped-query: 4 query heads over 2 kv heads), in fp64.

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from qwen3_titan_common import compat
 from qwen3_titan_common.assets import default_tokenizer_dir
 from qwen3_titan_common.components.preference import (
     PairLayout,
@@ -242,22 +243,6 @@ def test_loss_and_gradients_equal_the_direct_computation(options, fixed_shapes):
     assert metrics["loss"] == pytest.approx(float(expected), rel=1e-9)
 
 
-class _OpShapes(torch.utils._python_dispatch.TorchDispatchMode):
-    """Every aten op a computation runs, with its outputs' shapes: what a graph compiler (Neuron's) traces."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        shapes = tuple(
-            tuple(t.shape) for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)
-        )
-        self.ops.append((str(func), shapes))
-        return out
-
-
 def _traced_step(fixed_shapes: bool, pairs_per_row: int, seed: int):
     """The loss's forward and backward on a batch of 2 rows of 64 tokens, as its ops and their shapes."""
     generator = torch.Generator().manual_seed(seed)
@@ -273,7 +258,7 @@ def _traced_step(fixed_shapes: bool, pairs_per_row: int, seed: int):
     hidden = torch.randn(rows, length, dim, requires_grad=True, generator=generator)
     markers = torch.zeros(rows, length, dtype=torch.int64)
     loss_fn.expect(markers, batch)
-    with _OpShapes() as traced:
+    with compat.recorded_ops() as traced:
         loss, _ = loss_fn(hidden, markers, torch.tensor(records))
         loss.backward()
     return traced.ops

@@ -46,6 +46,8 @@ The seams:
   FSDP model, ``MemTracker`` otherwise), which the memory estimate (``perf.memory``) runs one step under;
   torchtitan's own estimator used them until it was removed. :func:`gloo_collective_copies` adds what gloo's
   collectives hold while they run: it names c10d's private ops and needs torch's private dispatch-mode class.
+  :func:`recorded_ops` records every aten op and its outputs' shapes (the same private dispatch-mode class, and
+  torch's private pytree to flatten an op's outputs).
   :func:`materialise_meta_tensors` replaces a module's meta tensors in its ``_parameters`` and ``_buffers``:
   ``to_empty`` swaps tensors, which torch refuses for a parameter something holds a weak reference to.
 - :func:`cpu_flash_attention`, :func:`cpu_flash_attention_backward`: torch's fused CPU attention kernel
@@ -435,6 +437,28 @@ def gloo_collective_copies(copies: int):
             return out
 
     return GlooCopies()
+
+
+def recorded_ops():
+    """A dispatch mode that appends ``(op name, its tensor outputs' shapes)`` to its ``ops`` list for every aten op
+    run inside it, a read back to the host (``aten._local_scalar_dense``) included: what a graph compiler such as
+    Neuron's traces, for the fixed-shape preference loss's CPU twin (``test_preference.py``)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class RecordedOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[tuple[str, tuple[tuple[int, ...], ...]]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            shapes = tuple(tuple(t.shape) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            self.ops.append((str(func), shapes))
+            return out
+
+    return RecordedOps()
 
 
 def tracker_peak_by_kind(tracker) -> dict[str, int]:

@@ -191,17 +191,19 @@ def open_adapted_model(
     path: str | os.PathLike,
     base: str | None = None,
     flag: str = "model directory",
-    no_base: str = "pass --base DIR (the model it adapts)",
+    no_base: str | None = None,
 ):
     """A peft adapter directory as the model it makes: its base (``base``, else the adapter's
     ``base_model_name_or_path``) with the adapter merged as its weights are read (``HFModelDir.adapter``).
     The adapter's tensors are checked against the base's architecture, one line naming the first misfit;
-    ``no_base``: what to do when the adapter names no local base (the caller's flag for one)."""
+    ``no_base``: what to do when the adapter names no local base (the caller's flag for one; by default
+    ``--base``)."""
     import dataclasses
 
     from qwen3_titan_common.hf.model_dir import open_model_dir
 
     adapter = open_adapter_dir(path, flag=flag)
+    no_base = no_base or "pass --base DIR (the model it adapts)"
     source = base or adapter.base_model
     if not source:
         raise CheckpointError(f"{adapter.path / ADAPTER_CONFIG}: no base_model_name_or_path; {no_base}")

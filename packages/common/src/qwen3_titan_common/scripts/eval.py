@@ -186,7 +186,7 @@ def _open(path: str, base: str | None = None, flag: str = "model directory", no_
     from qwen3_titan_common.hf.model_dir import open_model_dir
 
     if is_adapter_dir(path):
-        model_dir = open_adapted_model(path, base, flag=flag, **({"no_base": no_base} if no_base else {}))
+        model_dir = open_adapted_model(path, base, flag=flag, no_base=no_base)
     elif base is not None:
         raise EvalError(f"--base {base}: {path} is a model directory, not a peft adapter; drop --base")
     else:

@@ -243,25 +243,8 @@ def _compute(trainer, batches, *, records: int, stream: RecordStreamDataset) -> 
     dtype = sum_dtype(trainer.device)
     table_R2 = torch.zeros(records + 1, 2, dtype=dtype, device=trainer.device)
     seen_R = torch.zeros(records + 1, dtype=dtype, device=trainer.device)
-    tokens_seen = trainer.ntokens_seen
-    pipelined = trainer.parallel_dims.pp_enabled
     with Phase(f"reference log-probabilities of {records:,} records"):
-        found = (
-            _through_the_pipeline(trainer, batches, stream)
-            if pipelined
-            else _through_the_model(trainer, batches)
-        )
-        for records_P, sums_P2 in found:
-            records_P = torch.where(records_P >= 0, records_P, records)
-            table_R2[records_P] = sums_P2.to(table_R2)
-            seen_R[records_P] = 1.0
-    trainer.ntokens_seen = tokens_seen
-    for (
-        part
-    ) in trainer.model_parts:  # the experts' load of the first step line is the step's, not this pass's
-        take = getattr(part, "take_expert_counts", None)
-        if callable(take):
-            take()
+        _score_into(trainer, batches, stream, table_R2, seen_R, mark=1.0)
     # Only the last pipeline stage computed any; each data-parallel rank its own rows.
     dims = trainer.parallel_dims
     for mesh, enabled in (("pp", dims.pp_enabled), ("batch", dims.dp_enabled)):
@@ -363,21 +346,10 @@ class LiveReference:
             self._table_R2 = torch.zeros(records + 1, 2, dtype=sum_dtype(device), device=device)
             self._scored_R = torch.zeros(records + 1, dtype=torch.int64, device=device)
         self._step += 1
-        unused = self._table_R2.shape[0] - 1
-        tokens_seen = trainer.ntokens_seen
-        # In eval mode and without gradients (_through_the_*): the models and the expert exchange count the
-        # experts' load of training forwards only, so the step line's `experts:` is the policy's.
         with self.swapped_in():
-            if trainer.parallel_dims.pp_enabled:
-                found = _through_the_pipeline(trainer, batches, trainer.dataloader.dataset)
-            else:
-                found = _through_the_model(trainer, batches)
-            # A pipeline stage before the last finds none: it computes no loss.
-            for records_P, sums_P2 in found:
-                records_P = torch.where(records_P >= 0, records_P, unused)
-                self._table_R2[records_P] = sums_P2.to(self._table_R2)
-                self._scored_R[records_P] = self._step
-        trainer.ntokens_seen = tokens_seen
+            _score_into(
+                trainer, batches, trainer.dataloader.dataset, self._table_R2, self._scored_R, mark=self._step
+            )
 
     def lookup(self, records_P: torch.Tensor) -> torch.Tensor:
         """The (pairs, 2) reference of ``records_P``, pairs of this step's batches (a record drawn twice in one
@@ -390,6 +362,25 @@ class LiveReference:
         """:meth:`lookup` without its check (fixed shapes: nothing read back to the host; an unused slot, record
         -1, reads the extra row, which its loss then drops)."""
         return self._table_R2[torch.where(records_P >= 0, records_P, self._table_R2.shape[0] - 1)]
+
+
+def _score_into(trainer, batches, stream: RecordStreamDataset, table_R2, seen_R, *, mark) -> None:
+    """The model as it is scores the pairs of ``batches``: each pair's summed log-probabilities go to its
+    record's row of ``table_R2`` and ``mark`` to ``seen_R`` (the last row takes a fixed-shape batch's unused
+    slots, record -1). In eval mode and without gradients (``_through_the_*``), so neither the step's token count
+    nor the experts' load of its line (counted by the models and the expert exchange in training forwards
+    only) takes this pass in. A pipeline stage before the last finds no pair: it computes no loss."""
+    unused = table_R2.shape[0] - 1
+    tokens_seen = trainer.ntokens_seen
+    if trainer.parallel_dims.pp_enabled:
+        found = _through_the_pipeline(trainer, batches, stream)
+    else:
+        found = _through_the_model(trainer, batches)
+    for records_P, sums_P2 in found:
+        records_P = torch.where(records_P >= 0, records_P, unused)
+        table_R2[records_P] = sums_P2.to(table_R2)
+        seen_R[records_P] = mark
+    trainer.ntokens_seen = tokens_seen
 
 
 def _on_device(trainer, input_dict, markers):
