@@ -8,6 +8,7 @@ data.dataset); step k's loss agrees within the derived bound of 2k - 1 forward p
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -75,20 +76,6 @@ def test_dense_layouts_train_what_one_rank_trains(dense, tmp_path, nproc, flags)
     _assert_same_losses(reference, losses, bounds)
 
 
-@pytest.mark.slow
-def test_hf_v5_shards_what_one_rank_trains(tmp_path):
-    # transformers' model: its own initialisation rule, drawn whole per tensor too; FSDP2's reductions on gloo;
-    # context parallelism over its block-sparse attention (the keys and values gathered in its attention function).
-    one = _train("hf-v5-backend", tmp_path / "one", 1, "--checkpoint.no-enable")
-    bounds = ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}")
-    two = _train("hf-v5-backend", tmp_path / "two", 2, "--batch-size", "4", *NO_OUTPUTS)
-    _assert_same_losses(one[LOSS], two[LOSS], bounds)
-    cp = _train(
-        "hf-v5-backend", tmp_path / "cp", 2, "--parallelism.context_parallel_degree", "2", *NO_OUTPUTS
-    )
-    _assert_same_losses(one[LOSS], cp[LOSS], bounds)
-
-
 @pytest.fixture(scope="module")
 def fsdp_two_ranks(tmp_path_factory):
     """FSDP on 2 ranks of batch 4, checkpoints at steps 2 and 4: a layout, and a checkpoint of 2 ranks."""
@@ -104,11 +91,11 @@ def test_fsdp_on_two_ranks_trains_what_one_rank_trains(dense, fsdp_two_ranks):
     _assert_same_losses(reference, fsdp_two_ranks[1][LOSS], bounds)
 
 
-def _resume(source: Path, tmp_path: Path, nproc: int, *flags: str) -> list[float]:
+def _resume(source: Path, tmp_path: Path, nproc: int, *flags: str, backend="native-backend") -> list[float]:
     """The run of ``source`` resumed from its step-2 checkpoint (step 4's removed) on ``nproc`` ranks."""
     out = tmp_path / "resumed"
     shutil.copytree(source, out, ignore=shutil.ignore_patterns("tb", "hf", "logs", f"step-{STEPS}"))
-    return _train("native-backend", out, nproc, "--checkpoint.interval", "2", "--hf.no-export", *flags)[LOSS]
+    return _train(backend, out, nproc, "--checkpoint.interval", "2", "--hf.no-export", *flags)[LOSS]
 
 
 @pytest.mark.slow
@@ -159,22 +146,117 @@ def test_context_parallel_checkpoint_resumes_on_one_rank(dense, tmp_path):
     _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
 
 
+# -- hf-v5: transformers' model in FSDP, CP and TP layouts ------------------------------------------------
+
+HF_V5, TP = "hf-v5-backend", "--parallelism.tensor_parallel_degree"
+
+
+@pytest.fixture(scope="module")
+def hf_v5(tmp_path_factory):
+    """One rank of the transformers model (its own initialisation rule, drawn whole per tensor too), batch 8,
+    exported: the reference of hf-v5's layouts."""
+    out = tmp_path_factory.mktemp("hf-v5") / "one-rank"
+    scalars = _train(HF_V5, out, 1, "--checkpoint.no-enable")
+    return scalars[LOSS], ModelBounds.from_dir(out / "hf" / f"step-{STEPS}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "nproc, flags",
+    [(2, ["--batch-size", "4"]), (2, [CP, "2"])],
+    ids=["fsdp-2", "cp-2"],
+)
+def test_hf_v5_layouts_train_what_one_rank_trains(hf_v5, tmp_path, nproc, flags):
+    # FSDP2's reductions on gloo; context parallelism over the block-sparse attention (the keys and values
+    # gathered in its attention function).
+    reference, bounds = hf_v5
+    _assert_same_losses(reference, _train(HF_V5, tmp_path / "run", nproc, *flags, *NO_OUTPUTS)[LOSS], bounds)
+
+
+@pytest.mark.slow
+def test_hf_v5_tensor_parallel_trains_what_one_rank_trains_and_resumes_on_one_rank(hf_v5, tmp_path):
+    # Tensor parallelism in torch's plan styles, sequence parallel, the tied embedding and lm_head one DTensor,
+    # under FSDP2 over the other 2 ranks; its checkpoint (TP x FSDP shards) read by one rank.
+    reference, bounds = hf_v5
+    source = tmp_path / "tp"
+    flags = [TP, "2", "--batch-size", "4", "--checkpoint.interval", "2", "--hf.no-export"]
+    trained = _train(HF_V5, source, 4, *flags)
+    _assert_same_losses(reference, trained[LOSS], bounds)
+    losses = _resume(source, tmp_path, 1, backend=HF_V5)
+    _assert_same_losses(reference, losses, bounds, steps=range(3, STEPS + 1))
+
+
+def _initial_weights_exported(export: Path) -> None:
+    """``export`` (of a run at learning rate 0 from the seed) holds the initial weights every layout draws whole
+    per tensor (``models.layout_init``), bit for bit: each shard in its place, a tied embedding once."""
+    from qwen3_titan_common.hf.model_dir import open_model_dir
+    from qwen3_titan_common.hf.titan_load import read_hf_state_dict
+    from qwen3_titan_common.models.layout_init import initialise_whole_then_shard
+    from qwen3_titan_hf_v5.model import HFCausalLM
+    from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
+
+    exported = read_hf_state_dict(open_model_dir(export))
+    config = HFCausalLM.Config(hf_config=json.loads((export / "config.json").read_text()))
+    one_rank = config.build()
+    initialise_whole_then_shard([one_rank], seed=0)
+    # The model's own names to the checkpoint's (per-expert tensors on disk), as its export writes them.
+    expected = HFv5StateDictAdapter(config, None).to_hf(one_rank.state_dict())
+    assert set(exported) == set(expected)
+    different = [key for key in exported if not exported[key].equal(expected[key])]
+    assert not different, different
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "nproc, flags",
+    [
+        (2, [TP, "2"]),
+        (2, ["--config", "debug_moe", "--parallelism.expert_parallel_degree", "2", "--batch-size", "4",
+             "--moe.capacity_factor", "4"]),
+    ],
+    ids=["tp-2", "ep-2-fixed-capacity"],
+)  # fmt: skip
+def test_hf_v5_layouts_export_the_weights_of_one_rank(tmp_path, nproc, flags):
+    # Learning rate 0: the export is the initial weights, gathered from TP 2 shards, or from the experts
+    # of 2 expert-parallel ranks (Neuron's fixed-capacity exchange, at a capacity that drops nothing).
+    out = tmp_path / "run"
+    _train(HF_V5, out, nproc, *flags, "--lr", "0", "--steps", "1", "--checkpoint.no-enable")
+    _initial_weights_exported(out / "hf" / "step-1")
+
+
+@pytest.mark.slow
+def test_hf_v5_expert_parallel_with_fsdp_trains_what_one_rank_trains(tmp_path):
+    # transformers' Qwen3-MoE with its experts over 2 expert-parallel ranks (the native MoE's exchange of exactly
+    # the routed rows), every weight sharded by FSDP over 4 ranks; the router balance loss on the global batch.
+    one = _train(HF_V5, tmp_path / "one", 1, *MOE, "--checkpoint.no-enable")
+    bounds = ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}")
+    ep = ["--parallelism.expert_parallel_degree", "2", "--batch-size", "2"]
+    four = _train(HF_V5, tmp_path / "ep", 4, *MOE, *ep, *NO_OUTPUTS)
+    _assert_same_losses(one[LOSS], four[LOSS], bounds)
+
+
 # -- pipeline parallel (untied), expert parallel (MoE) --------------------------------------------------
 
 
 @pytest.mark.slow
 def test_pipeline_parallel_trains_and_exports_what_one_rank_does(tmp_path):
+    # Both backends' stages against the native backend's one rank from the same checkpoint: the two backends
+    # train one model to the same losses within this bound (test_backend_parity.py). hf-v5 splits transformers'
+    # decoder itself (its stages keep the checkpoint's names), with FSDP over 2 ranks beside the 2 stages.
     model = make_tiny_checkpoint(tmp_path / "untied", tied=False)
     bounds = ModelBounds.from_dir(model)
-    one = _train("native-backend", tmp_path / "one", 1, "--hf-model", str(model), "--checkpoint.no-enable")
-    pp = tmp_path / "pp"
-    two = _train("native-backend", pp, 2, "--hf-model", str(model), "--checkpoint.no-enable",
-                 "--parallelism.pipeline_parallel_degree", "2")  # fmt: skip
-    _assert_same_losses(one[LOSS], two[LOSS], bounds)
-    # Both stages' weights reach the export, under the names one rank writes.
-    assert load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors"))).keys() == (
-        load_file(next((pp / "hf" / f"step-{STEPS}").glob("*.safetensors"))).keys()
-    )
+    from_model = ["--hf-model", str(model), "--checkpoint.no-enable"]
+    one = _train("native-backend", tmp_path / "one", 1, *from_model)
+    exported_one = load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
+    for backend, nproc, flags in (("native-backend", 2, []), (HF_V5, 4, ["--batch-size", "4"])):
+        pp = tmp_path / backend
+        staged = _train(
+            backend, pp, nproc, *from_model, "--parallelism.pipeline_parallel_degree", "2", *flags
+        )
+        _assert_same_losses(one[LOSS], staged[LOSS], bounds)
+        # Both stages' weights reach the export, under the names one rank writes.
+        exported = load_file(next((pp / "hf" / f"step-{STEPS}").glob("*.safetensors")))
+        assert exported.keys() == exported_one.keys(), backend
 
 
 MOE = ["--config", "debug_moe", "--moe.router_aux_loss", "on", "--moe.router_aux_loss_scope", "global_batch"]

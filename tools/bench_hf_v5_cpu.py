@@ -1,6 +1,6 @@
 """Benchmark: hf-v5-backend vs native-backend vs a plain transformers loop, on the CPU.
 
-    uv run python -m tools.bench_hf_v5_cpu [--repeats 3] [--steps 25] [--fp32]
+    uv run python -m tools.bench_hf_v5_cpu [--repeats 3] [--steps 25] [--fp32] [--tensor-parallel 2]
 
 All three train the embedded default (`debug`: batch 8 x seq 256, AdamW, the same config.json)
 on the CPU. The two backends run through `train` (QWEN3_TITAN_BACKEND selects each), tokens/s
@@ -14,6 +14,9 @@ through each backend's own FSDP2 wrapping): robust to the load other processes p
 
 Targets (issue 4): hf-v5 >= 0.9x native, and above the plain loop (fp32, its default), judged on
 the fastest of the repeats: other processes on the machine only ever slow a run down.
+
+``--tensor-parallel N``: only the two backends, each as ``train --nproc N --parallelism.tensor_parallel_degree N``
+(sequence parallel, gloo), alternating; rank 0's tokens/s and the step time of hf-v5 against native's.
 """
 
 from __future__ import annotations
@@ -106,9 +109,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--fp32", action="store_true", help="trainers in fp32 (no bf16 mixed precision)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="both backends at this TP degree only")
     args = parser.parse_args()
     print(describe_cpu(), flush=True)  # figures from other CPUs are not comparable as they are
     extra = ["--training.mixed_precision_param", "float32"] if args.fp32 else []
+    if args.tensor_parallel > 1:
+        return _tensor_parallel(args, extra)
     runs: dict[str, list[float]] = {"native": [], "hf_v5": [], "plain_fp32": [], "plain_bf16_autocast": []}
     for _ in range(args.repeats):
         runs["native"].append(trainer_tokens_per_second("native-backend", args.steps, extra))
@@ -143,6 +149,31 @@ def main() -> int:
     )
     if spread > 0.25:
         print(f"note: runs spread by up to {spread:.0%} of their median: the CPU was busy, figures are noisy")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+def _tensor_parallel(args, extra: list[str]) -> int:
+    degree = str(args.tensor_parallel)
+    layout = ["--nproc", degree, "--parallelism.tensor_parallel_degree", degree, *extra]
+    runs: dict[str, list[float]] = {"native": [], "hf_v5": []}
+    for _ in range(args.repeats):
+        runs["native"].append(trainer_tokens_per_second("native-backend", args.steps, layout))
+        runs["hf_v5"].append(trainer_tokens_per_second("hf-v5-backend", args.steps, layout))
+    figures = {name: _summary(values) for name, values in runs.items()}
+    precision = "fp32" if args.fp32 else "bf16 mixed precision"
+    print(
+        f"CPU, debug model (batch 8 x seq 256), tensor parallel {degree} over {degree} gloo ranks, {precision}; "
+        f"rank 0's tokens/s over {args.repeats} runs each: median (min-max)"
+    )
+    for name, (median, low, high) in figures.items():
+        print(f"  {name:<8} {median:>10,.1f}  ({low:,.1f}-{high:,.1f})")
+    best = {name: high for name, (_, _, high) in figures.items()}
+    print(
+        f"hf-v5 TP {degree} step time / native TP {degree} (fastest runs): {best['native'] / best['hf_v5']:.2f}x "
+        f"(medians: {figures['native'][0] / figures['hf_v5'][0]:.2f}x)"
+    )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

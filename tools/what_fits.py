@@ -25,6 +25,7 @@ RECIPES = (
     ("Qwen3-0.6B", "native-backend", "qwen3_0_6b"),
     ("Qwen3-1.7B", "native-backend", "qwen3_1_7b"),
     ("Qwen3-4B", "native-backend", "native_qwen3_4b"),
+    ("Qwen3-4B, transformers' model (hf-v5)", "hf-v5-backend", "qwen3_4b"),
     ("Qwen3-30B-A3B", "nki-moe-backend", "qwen3_30b_a3b"),
 )
 # (column, ranks, --memory-per-rank): one trn2.48xlarge (64 logical cores at LNC=2), 8 GPUs, one laptop process.

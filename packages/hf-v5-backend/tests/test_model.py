@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from qwen3_titan_common.arch.architecture import architecture_from_config
+from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.hf.expected_keys import EMBED, LM_HEAD, expected_hf_shapes
 from qwen3_titan_common.hf.model_dir import open_model_dir
 from qwen3_titan_common.hf.titan_load import read_hf_state_dict
@@ -207,14 +208,24 @@ def test_flex_is_refused_on_cpu_with_the_flag_named():
         config.model_spec.model.update_from_config(config=config)
 
 
-@pytest.mark.parametrize(
-    "flag", ["tensor_parallel_degree", "pipeline_parallel_degree", "expert_parallel_degree"]
-)
-def test_other_parallelisms_are_refused_in_one_line(flag):
-    config = config_registry.debug()
-    config.parallelism = dataclasses.replace(config.parallelism, **{flag: 2})
-    with pytest.raises(ValueError, match=rf"^--parallelism.{flag} 2: hf-v5-backend shards with FSDP2"):
-        config.model_spec.model.update_from_config(config=config)
+@pytest.mark.parametrize("flag", ["tensor_parallel_degree", "pipeline_parallel_degree"])
+def test_tensor_and_pipeline_parallelism_take_a_dense_model_and_refuse_a_moe_whose_experts_split(flag):
+    dense = config_registry.debug()
+    dense.parallelism = dataclasses.replace(dense.parallelism, **{flag: 2})
+    dense.model_spec.model.update_from_config(config=dense)
+    moe = config_registry.debug_moe()
+    moe.parallelism = dataclasses.replace(moe.parallelism, **{flag: 2})
+    moe_with_experts_split = config_registry.debug_moe()
+    moe_with_experts_split.parallelism = dataclasses.replace(
+        moe_with_experts_split.parallelism, expert_parallel_degree=2
+    )
+    moe_with_experts_split.model_spec.model.update_from_config(config=moe_with_experts_split)
+    refusal = rf"^--parallelism.{flag} 2: this config.json is a Qwen3-MoE \(8 routed experts\)"
+    # Before the rank writes anything (the trainer's checks), and in the model's own for a config built by hand.
+    with pytest.raises(UserInputError, match=refusal):
+        config_registry.HFv5Trainer.prepare_backend(moe)
+    with pytest.raises(ValueError, match=refusal):
+        moe.model_spec.model.update_from_config(config=moe)
 
 
 def test_context_parallelism_runs_over_the_block_sparse_attention_only():

@@ -53,6 +53,19 @@ def test_256_ranks_with_tensor_parallel_4():
     assert "256 ranks = dp_replicate 1 x dp_shard(FSDP) 64 x context 1 x tensor 4" in proc.stdout
 
 
+@pytest.mark.slow
+def test_tensor_with_context_parallelism_is_estimated():
+    # Context parallelism puts tensor parallelism on torchtitan's partial_dtensor path, whose logits are a DTensor
+    # sharded along the vocabulary (was: internal error in the launcher, nll_loss on mixed tensors).
+    proc = _dry_run(
+        "--nproc", "8", "--parallelism.tensor_parallel_degree", "2", "--parallelism.context_parallel_degree", "2",
+        "--memory-per-rank", "h100",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "8 ranks = dp_replicate 1 x dp_shard(FSDP) 2 x context 2 x tensor 2" in proc.stdout
+    assert "[dry-run] memory fits:" in proc.stdout
+
+
 def test_degrees_that_do_not_multiply_fail_with_one_line():
     proc = _dry_run(
         "--nproc", "64", "--config", "native_qwen3_4b", "--parallelism.data_parallel_shard_degree", "8"

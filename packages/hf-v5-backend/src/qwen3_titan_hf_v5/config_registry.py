@@ -58,7 +58,10 @@ class HFv5Trainer(_Qwen3Trainer):
 
         attention = config.hf_v5.attention or default_attention(titan_utils.device_type)
         try:
-            check_parallelism(config.parallelism, attention)
+            model = config.model_spec.model
+            check_parallelism(
+                config.parallelism, attention, num_experts=model.num_experts, num_layers=model.num_layers
+            )
         except ValueError as err:
             raise UserInputError(str(err)) from None
 

@@ -36,6 +36,7 @@ from qwen3_titan_common.models.routing import RoutingRecord
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
 from qwen3_titan_common.perf.precision import compute_autocast
+from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
 from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
@@ -43,6 +44,7 @@ from torchtitan.tools import utils as titan_utils
 from qwen3_titan_hf_v5.attention import ATTENTION_IMPLEMENTATIONS, default_attention
 from qwen3_titan_hf_v5.lora import init_adapter_parameter, inject_lora
 from qwen3_titan_hf_v5.parallelize import check_parallelism, parallelize_hf_v5
+from qwen3_titan_hf_v5.pipeline import pipeline_hf_v5
 from qwen3_titan_hf_v5.state_dict_adapter import HFv5StateDictAdapter
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_moe")
@@ -74,6 +76,10 @@ class HFCausalLM(BaseModel):
         record_routing: bool = False
         """Keep each training forward's router logits for the balance loss (set by --moe.router_aux_loss)."""
 
+        token_dispatcher: AllToAllTokenDispatcher.Config | None = None
+        """A Qwen3-MoE's token exchange under expert parallelism (``expert_parallel.py``): torchtitan's
+        all-to-all, replaced by ours off CUDA (common's ``with_expert_exchange``); None for a dense model."""
+
         def with_routing_recorded(self) -> HFCausalLM.Config:
             """This config with the routing of each training forward kept (``models.routing``)."""
             return dataclasses.replace(self, record_routing=True)
@@ -93,6 +99,11 @@ class HFCausalLM(BaseModel):
         def tie_word_embeddings(self) -> bool:
             """Whether the model this config builds shares one embedding / output matrix."""
             return bool(self.hf_config.get("tie_word_embeddings", False)) and not self.untie_embeddings
+
+        @property
+        def num_layers(self) -> int:
+            """Decoder layers (config.json's num_hidden_layers)."""
+            return int(self.hf_config.get("num_hidden_layers", 1))
 
         @property
         def num_experts(self) -> int:
@@ -121,7 +132,9 @@ class HFCausalLM(BaseModel):
                 self.attention = options.attention or default_attention(titan_utils.device_type)
                 self.untie_embeddings = options.untie_embeddings
             self.flops = self._flops().with_metrics_config(config.metrics)
-            check_parallelism(config.parallelism, self.attention)
+            check_parallelism(
+                config.parallelism, self.attention, num_experts=self.num_experts, num_layers=self.num_layers
+            )
             # A dry run (fake process group) lays out a CUDA job on the CPU without running attention.
             dry_run = getattr(getattr(config, "comm", None), "mode", "default") == "fake_backend"
             if self.attention == "flex" and not dry_run:
@@ -168,6 +181,7 @@ class HFCausalLM(BaseModel):
         # Neuron compiles one graph per shape: the block pairs padded to a handful of them.
         self._fixed_shapes = titan_utils.device_type == "neuron"
         self.enable_weight_tying = config.tie_word_embeddings
+        self._stage = False  # a pipeline stage's part of the model (as_pipeline_stage)
         self._residual_std = residual_init_std(hf_config.num_hidden_layers)
         self._is_moe = config.num_experts > 0
         self._record_routing = config.record_routing and self._is_moe
@@ -187,9 +201,25 @@ class HFCausalLM(BaseModel):
             )
 
     @property
-    def tok_embeddings(self) -> nn.Module:
-        """torchtitan's name for the input embedding (used by its tools, e.g. the dry run)."""
+    def tok_embeddings(self) -> nn.Module | None:
+        """torchtitan's name for the input embedding (used by its tools, e.g. the dry run); None on a pipeline
+        stage other than the first."""
         return self.model.embed_tokens
+
+    def as_pipeline_stage(self, layers: range, *, first: bool, last: bool) -> HFCausalLM:
+        """This model cut down to one pipeline stage (``pipeline.py``), in place: the decoder layers of ``layers``
+        under their own names (``model.layers.N``), the embedding on the first stage, the final norm and
+        ``lm_head`` on the last. A stage runs the decoder layers itself (:meth:`_stage_forward`): transformers'
+        stack runs every layer of its list, from the token ids to the norm."""
+        decoder = self.model
+        decoder.layers = nn.ModuleDict({str(i): decoder.layers[i] for i in layers})
+        if not first:
+            decoder.embed_tokens = None
+        if not last:
+            decoder.norm = None
+            self.lm_head = None
+        self._stage = True
+        return self
 
     def forward(
         self,
@@ -214,6 +244,8 @@ class HFCausalLM(BaseModel):
         # they set RoPE, and keep each document's attention to itself (attention.py): the block pairs built
         # here once for every layer, or transformers' mask functions, which need attention_mask None and no
         # cache.
+        if self._stage:
+            return self._stage_forward(tokens, positions, attention_masks)
         routed = self._is_moe and self.training
         blocks = {}
         if attention_masks is not None:
@@ -233,6 +265,49 @@ class HFCausalLM(BaseModel):
         if routed:
             self._keep_routing(outputs.router_logits)
         hidden_BLD = outputs.last_hidden_state
+        if lm_head_applied_by_loss(self):
+            return hidden_BLD
+        return self.lm_head(hidden_BLD)
+
+    def _stage_forward(
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor | None,
+        attention_masks: ContextParallelBlocks | None,
+    ) -> torch.Tensor:
+        """A pipeline stage's part of the forward: token ids (first stage) or the previous stage's hidden states
+        in, through this stage's decoder layers (each called as transformers' stack calls it, with RoPE's tables
+        and the attention mask built from the positions here, as that stack builds them), hidden states out, or
+        logits on the last stage. Qwen3-MoE directories are not staged (``parallelize.check_parallelism``)."""
+        from transformers.masking_utils import create_causal_mask
+
+        decoder = self.model
+        hidden_BLD = decoder.embed_tokens(inputs) if decoder.embed_tokens is not None else inputs
+        blocks = {}
+        if attention_masks is not None:
+            blocks["document_blocks"] = attention_masks
+        elif self._block_sparse:
+            blocks["document_blocks"] = (
+                document_blocks(positions, fixed_shapes=self._fixed_shapes) if positions is not None else None
+            )
+        if positions is None:
+            positions = torch.arange(hidden_BLD.shape[1], device=hidden_BLD.device)[None]
+        mask = create_causal_mask(
+            config=decoder.config,
+            inputs_embeds=hidden_BLD,
+            attention_mask=None,
+            cache=None,
+            position_ids=positions,
+        )
+        rope = decoder.rotary_emb(hidden_BLD, positions)
+        for layer in decoder.layers.values():
+            hidden_BLD = layer(
+                hidden_BLD, attention_mask=mask, position_ids=positions, position_embeddings=rope, use_cache=False,
+                **blocks,
+            )  # fmt: skip
+        if decoder.norm is None:
+            return hidden_BLD
+        hidden_BLD = decoder.norm(hidden_BLD)
         if lm_head_applied_by_loss(self):
             return hidden_BLD
         return self.lm_head(hidden_BLD)
@@ -269,6 +344,8 @@ class HFCausalLM(BaseModel):
         # The transformers submodules are plain nn.Modules by design: this backend trains them
         # unchanged. What the rest of the backend relies on is the layout, checked here.
         layers = getattr(self.model, "layers", None)
+        if self._stage:
+            return
         if not isinstance(layers, nn.ModuleList) or len(layers) != self.hf_config.num_hidden_layers:
             raise RuntimeError(
                 f"{type(self.model).__name__}: expected `layers` as an nn.ModuleList of "
@@ -351,12 +428,19 @@ _NORMAL_INIT_SUFFIXES = (
 
 def hf_v5_model_spec(arch: Qwen3Architecture, flavor: str) -> ModelSpec:
     """``arch.source`` is the config.json transformers builds the model from."""
+    dispatcher = None
+    if arch.moe is not None:
+        dispatcher = AllToAllTokenDispatcher.Config(
+            num_experts=arch.moe.num_experts, top_k=arch.moe.num_experts_per_tok
+        )
     return ModelSpec(
         name="hf_v5",
         flavor=flavor,
-        model=HFCausalLM.Config(hf_config=dict(arch.source), flops=FlopsConvention(arch)),
+        model=HFCausalLM.Config(
+            hf_config=dict(arch.source), flops=FlopsConvention(arch), token_dispatcher=dispatcher
+        ),
         parallelize_fn=parallelized_for_the_job(parallelize_hf_v5),
-        pipelining_fn=None,
+        pipelining_fn=pipeline_hf_v5,
         post_optimizer_build_fn=None,
         state_dict_adapter=HFv5StateDictAdapter,
     )

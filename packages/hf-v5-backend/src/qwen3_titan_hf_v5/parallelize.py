@@ -1,4 +1,4 @@
-"""Activation checkpointing, torch.compile and FSDP2 for ``HFCausalLM``, in torchtitan's order.
+"""Tensor parallelism, activation checkpointing, torch.compile and FSDP2 for ``HFCausalLM``, in torchtitan's order.
 
 The decoder stack ``model.model`` holds ``layers`` as torchtitan's own decoders do, so
 torchtitan's AC policies (``ac_config.build().apply``) and per-block compile
@@ -30,24 +30,34 @@ from torchtitan.distributed.fsdp import (
 )
 from torchtitan.tools.logging import logger
 
-# Parallelisms this backend does not implement (each off at degree 1).
-_UNSUPPORTED = (
-    "tensor_parallel_degree",
-    "pipeline_parallel_degree",
-    "expert_parallel_degree",
-)
+from qwen3_titan_hf_v5.expert_parallel import ExpertParallelExperts, apply_expert_parallel
+from qwen3_titan_hf_v5.pipeline import stage_plan
+from qwen3_titan_hf_v5.tensor_parallel import apply_tensor_parallel, decoder_layers
 
 
-def check_parallelism(parallelism: ParallelismConfig, attention: str = "blocks") -> None:
-    """FSDP/HSDP, and context parallelism over the block-sparse attention: refuse the rest in one line each,
-    before anything is built."""
-    for name in _UNSUPPORTED:
-        value = getattr(parallelism, name, 1)
-        if value != 1:
+def check_parallelism(
+    parallelism: ParallelismConfig, attention: str = "blocks", *, num_experts: int = 0, num_layers: int = 1
+) -> None:
+    """FSDP/HSDP, tensor and pipeline parallelism of a dense model, and context parallelism over the
+    block-sparse attention: refuse the rest in one line each, before anything is built."""
+    for name, what in (
+        ("tensor_parallel_degree", "split by tensor"),
+        ("pipeline_parallel_degree", "stage by pipeline"),
+    ):
+        degree = getattr(parallelism, name)
+        if degree != 1 and num_experts:
             raise UserInputError(
-                f"--parallelism.{name} {value}: hf-v5-backend shards with FSDP2 (data parallel) and context "
-                "parallelism only; use 1, or the native backend for tensor/pipeline/expert parallelism"
+                f"--parallelism.{name} {degree}: this config.json is a Qwen3-MoE ({num_experts} routed experts), "
+                f"which hf-v5-backend does not {what} parallelism; use 1, or the nki-moe backend"
             )
+    if parallelism.pipeline_parallel_degree != 1:
+        if parallelism.module_fqns_per_model_part is not None:
+            raise UserInputError(
+                "--parallelism.module_fqns_per_model_part: hf-v5-backend splits its stages by decoder layers "
+                "(--parallelism.pipeline_parallel_layers_per_stage, _first_stage_less_layers, "
+                "_last_stage_less_layers); leave it unset"
+            )
+        stage_plan(parallelism, num_layers)
     cp = parallelism.context_parallel_degree
     if cp != 1 and attention != "blocks":
         raise UserInputError(
@@ -72,8 +82,21 @@ def parallelize_hf_v5(
     dump_folder: str,
     skip_dp: bool = False,
 ) -> nn.Module:
-    check_parallelism(parallelism)
+    check_parallelism(
+        parallelism, num_experts=model.config.num_experts, num_layers=model.hf_config.num_hidden_layers
+    )
     decoder = model.model
+    if parallel_dims.ep_enabled:
+        apply_expert_parallel(
+            model, parallel_dims.get_mesh("ep"), model.config.token_dispatcher, decoder_layers(model)
+        )
+    if parallel_dims.tp_enabled:
+        apply_tensor_parallel(
+            model,
+            parallel_dims.get_mesh("tp"),
+            sequence_parallel=parallelism.enable_sequence_parallel,
+            local_logits=parallelism.spmd_backend == "spmd_types",
+        )
     if ac_config is not None:
         ac_config.build(dump_folder=dump_folder).apply(decoder)
     # After AC wrapping and before FSDP, as torchtitan does: one compiled graph per layer.
@@ -111,9 +134,23 @@ def _apply_fsdp(
     }
     if training.enable_cpu_offload:
         fsdp["offload_policy"] = CPUOffloadPolicy()
-    reshard = get_fsdp_reshard_after_forward_policy(parallelism.fsdp_reshard_after_forward, pp_enabled=False)
+    reshard = get_fsdp_reshard_after_forward_policy(
+        parallelism.fsdp_reshard_after_forward, pp_enabled=parallel_dims.pp_enabled
+    )
     shards = mesh.size()
-    for layer in model.model.layers:
+    experts_mesh = None
+    if parallel_dims.ep_enabled:
+        # Expert-parallel weights: FSDP over the data ranks that hold the same experts (torchtitan's ``efsdp``).
+        names = ["dp_replicate", "efsdp"] if parallel_dims.dp_replicate_enabled else ["efsdp"]
+        experts_mesh = parallel_dims.get_optional_mesh(names, include_singleton_axes=True)
+    for layer in decoder_layers(model):
+        experts = getattr(layer.mlp, "experts", None)
+        if isinstance(experts, ExpertParallelExperts):
+            local = experts.gate_up_proj.to_local().shape[0]
+            fully_shard(
+                experts, **{**fsdp, "mesh": experts_mesh}, reshard_after_forward=reshard,
+                shard_placement_fn=(lambda param: Shard(1)) if experts_mesh.size() > local else None,
+            )  # fmt: skip
         fully_shard(
             layer, **fsdp, reshard_after_forward=reshard, shard_placement_fn=_experts_placement(layer, shards)
         )
@@ -124,7 +161,7 @@ def _apply_fsdp(
     # torchtitan scales the loss by the global token count itself.
     disable_fsdp_gradient_division(model)
     logger.info(
-        f"Applied FSDP2 to the transformers model: {len(model.model.layers)} decoder-layer groups + root "
+        f"Applied FSDP2 to the transformers model: {len(decoder_layers(model))} decoder-layer groups + root "
         f"(embedding, norm, lm_head{', tied' if getattr(model, 'enable_weight_tying', False) else ''})"
     )
 

@@ -171,6 +171,18 @@ def _has_expert_parallel_params(params) -> bool:
     return any(isinstance(p, DTensor) and "ep" in (p.device_mesh.mesh_dim_names or ()) for p in params)
 
 
+def _local_logits(logits, labels):
+    """Tensor parallelism's logits on ``partial_dtensor`` (under context parallelism) are a DTensor sharded along
+    the vocabulary, which torchtitan's vocabulary-parallel cross-entropy reads shard by shard: each rank's
+    shard, the labels brought into it (the step is fake: only the shapes count)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(logits, DTensor):
+        return logits, labels
+    local = logits.to_local()
+    return local, labels % local.shape[-1]
+
+
 def track_step(
     build: Callable[[], object],
     build_optimizer: Callable[[object], object],
@@ -260,7 +272,7 @@ def track_step(
                     # As the loss applies it (``components.loss``).
                     with compute_autocast(compute_dtype):
                         logits = model.lm_head(hidden)
-                    loss = torch.nn.functional.cross_entropy(logits.float(), chunk_labels)
+                    loss = torch.nn.functional.cross_entropy(*_local_logits(logits.float(), chunk_labels))
                     del logits
                 else:
                     # A model trained whole on one CPU rank, as its loss runs: the fused chunk gives the weight
@@ -271,7 +283,9 @@ def track_step(
                     loss = (hidden * grad.to(hidden.dtype)).sum()
             else:
                 # torchtitan's loss: fp32 cross-entropy over the flattened logits.
-                loss = torch.nn.functional.cross_entropy(output.flatten(0, 1).float(), labels.flatten(0, 1))
+                loss = torch.nn.functional.cross_entropy(
+                    *_local_logits(output.flatten(0, 1).float(), labels.flatten(0, 1))
+                )
             del output
             # What the forward keeps for the backward, each layer's share alike (extrapolated).
             after_forward = grouped(tracker_current_by_kind(tracker))
