@@ -211,14 +211,13 @@ def _initial_weights_exported(export: Path) -> None:
     "nproc, flags",
     [
         (2, [TP, "2"]),
-        (2, ["--config", "debug_moe", "--parallelism.expert_parallel_degree", "2", "--batch-size", "4",
-             "--moe.capacity_factor", "4"]),
+        (2, ["--config", "debug_moe", "--parallelism.expert_parallel_degree", "2", "--batch-size", "4"]),
     ],
-    ids=["tp-2", "ep-2-fixed-capacity"],
+    ids=["tp-2", "ep-2"],
 )  # fmt: skip
 def test_hf_v5_layouts_export_the_weights_of_one_rank(tmp_path, nproc, flags):
     # Learning rate 0: the export is the initial weights, gathered from TP 2 shards, or from the experts
-    # of 2 expert-parallel ranks (Neuron's fixed-capacity exchange, at a capacity that drops nothing).
+    # of 2 expert-parallel ranks (their forward and backward through the exchange of exactly the routed rows).
     out = tmp_path / "run"
     _train(HF_V5, out, nproc, *flags, "--lr", "0", "--steps", "1", "--checkpoint.no-enable")
     _initial_weights_exported(out / "hf" / "step-1")
@@ -226,13 +225,21 @@ def test_hf_v5_layouts_export_the_weights_of_one_rank(tmp_path, nproc, flags):
 
 @pytest.mark.slow
 def test_hf_v5_expert_parallel_with_fsdp_trains_what_one_rank_trains(tmp_path):
-    # transformers' Qwen3-MoE with its experts over 2 expert-parallel ranks (the native MoE's exchange of exactly
-    # the routed rows), every weight sharded by FSDP over 4 ranks; the router balance loss on the global batch.
+    # transformers' Qwen3-MoE with its experts over 2 expert-parallel ranks (Neuron's fixed-capacity exchange, at a
+    # capacity that drops nothing), every weight sharded by FSDP over 4 ranks; the balance loss on the global batch.
     one = _train(HF_V5, tmp_path / "one", 1, *MOE, "--checkpoint.no-enable")
     bounds = ModelBounds.from_dir(tmp_path / "one" / "hf" / f"step-{STEPS}")
-    ep = ["--parallelism.expert_parallel_degree", "2", "--batch-size", "2"]
+    ep = [
+        "--parallelism.expert_parallel_degree",
+        "2",
+        "--batch-size",
+        "2",
+        "--moe.capacity_factor",
+        _no_drop_capacity(),
+    ]
     four = _train(HF_V5, tmp_path / "ep", 4, *MOE, *ep, *NO_OUTPUTS)
     _assert_same_losses(one[LOSS], four[LOSS], bounds)
+    assert four["moe/dropped_share"] == [0.0] * STEPS
 
 
 # -- pipeline parallel (untied), expert parallel (MoE) --------------------------------------------------
@@ -242,13 +249,17 @@ def test_hf_v5_expert_parallel_with_fsdp_trains_what_one_rank_trains(tmp_path):
 def test_pipeline_parallel_trains_and_exports_what_one_rank_does(tmp_path):
     # Both backends' stages against the native backend's one rank from the same checkpoint: the two backends
     # train one model to the same losses within this bound (test_backend_parity.py). hf-v5 splits transformers'
-    # decoder itself (its stages keep the checkpoint's names), with FSDP over 2 ranks beside the 2 stages.
+    # decoder itself (its stages keep the checkpoint's names).
     model = make_tiny_checkpoint(tmp_path / "untied", tied=False)
     bounds = ModelBounds.from_dir(model)
     from_model = ["--hf-model", str(model), "--checkpoint.no-enable"]
     one = _train("native-backend", tmp_path / "one", 1, *from_model)
     exported_one = load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
-    for backend, nproc, flags in (("native-backend", 2, []), (HF_V5, 4, ["--batch-size", "4"])):
+    # hf-v5 with tensor parallelism too, under a looped schedule: 4 stages of the 2-layer model, the first holding
+    # the embedding only and the last the norm and lm_head only.
+    looped = [TP, "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
+    # native with context parallelism beside the stages: each stage's layers take the CP rank's share of the rows.
+    for backend, nproc, flags in (("native-backend", 4, [CP, "2"]), (HF_V5, 4, looped)):
         pp = tmp_path / backend
         staged = _train(
             backend, pp, nproc, *from_model, "--parallelism.pipeline_parallel_degree", "2", *flags

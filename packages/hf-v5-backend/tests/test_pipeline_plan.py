@@ -60,8 +60,12 @@ def test_a_schedule_takes_its_stages_per_rank():
          r"hf-v5-backend splits its stages by decoder layers"),
         ({"pipeline_parallel_first_stage_less_layers": 5}, 2, r"^--parallelism.pipeline_parallel_first_stage_less_layers"
          r" 5 / _last_stage_less_layers 1: more than stage 0's share"),
+        ({"pipeline_parallel_schedule": "ZBVZeroBubble", "pipeline_parallel_layers_per_stage": 2}, 10,
+         r"^--parallelism.pipeline_parallel_layers_per_stage 2: makes 6 stages of the model's 10 layers; "
+         r"--parallelism.pipeline_parallel_schedule ZBVZeroBubble runs two stages on each of the 2 pipeline ranks"),
     ],
-    ids=["more-stages-than-layers", "layers-per-stage", "csv-schedule", "module-lists", "first-stage-weight"],
+    ids=["more-stages-than-layers", "layers-per-stage", "csv-schedule", "module-lists", "first-stage-weight",
+         "v-schedule"],
 )  # fmt: skip
 def test_a_plan_that_cannot_be_made_is_one_line_before_launch(changes, num_layers, line):
     config = config_registry.debug()

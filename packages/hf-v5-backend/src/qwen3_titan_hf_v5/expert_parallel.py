@@ -57,6 +57,7 @@ class ExpertParallelExperts(nn.Module):
         return self.token_dispatcher.combine(out_RD, metadata, hidden_TD)
 
     def _per_expert(self, routed_RD, rows: list[int], gate_up_eFD, down_eDF) -> torch.Tensor:
+        """Each local expert's SwiGLU on its ``rows[i]`` rows, as transformers' experts compute one."""
         outputs = []
         for expert, rows_XD in enumerate(torch.split(routed_RD, rows)):
             gate_XF, up_XF = nn.functional.linear(rows_XD, gate_up_eFD[expert]).chunk(2, dim=-1)
@@ -64,6 +65,8 @@ class ExpertParallelExperts(nn.Module):
         return torch.cat(outputs)
 
     def _batched(self, routed_RD, gate_up_eFD, down_eDF) -> torch.Tensor:
+        """The same SwiGLU with every local expert's rows in one batched product (a fixed capacity of rows each,
+        zero rows where fewer were routed: their output is zero)."""
         e, D = gate_up_eFD.shape[0], routed_RD.shape[-1]
         rows_eXD = routed_RD.view(e, -1, D)
         gate_eXF, up_eXF = torch.bmm(rows_eXD, gate_up_eFD.transpose(1, 2)).chunk(2, dim=-1)
@@ -76,9 +79,14 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
-def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh, dispatcher_config, layers) -> int:
+def apply_expert_parallel(ep_mesh: DeviceMesh, dispatcher_config, layers) -> int:
     """Replace the experts of every MoE layer in ``layers`` with :class:`ExpertParallelExperts` over
     ``ep_mesh``, each with its own dispatcher built from ``dispatcher_config``; returns how many."""
+    if dispatcher_config is None:
+        raise ValueError(
+            "--parallelism.expert_parallel_degree: the model config has no token dispatcher (HFCausalLM.Config."
+            "token_dispatcher, set by hf_v5_model_spec for a Qwen3-MoE config.json)"
+        )
     replaced = 0
     for layer in layers:
         mlp = layer.mlp

@@ -36,7 +36,7 @@ from qwen3_titan_common.models.routing import RoutingRecord
 from qwen3_titan_common.perf.expert_load import ExpertCounts
 from qwen3_titan_common.perf.flops import FlopsConvention
 from qwen3_titan_common.perf.precision import compute_autocast
-from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher
+from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher, BaseEPTokenDispatcher
 from torchtitan.protocols.model import BaseModel
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.tools import utils as titan_utils
@@ -76,7 +76,7 @@ class HFCausalLM(BaseModel):
         record_routing: bool = False
         """Keep each training forward's router logits for the balance loss (set by --moe.router_aux_loss)."""
 
-        token_dispatcher: AllToAllTokenDispatcher.Config | None = None
+        token_dispatcher: BaseEPTokenDispatcher.Config | None = None
         """A Qwen3-MoE's token exchange under expert parallelism (``expert_parallel.py``): torchtitan's
         all-to-all, replaced by ours off CUDA (common's ``with_expert_exchange``); None for a dense model."""
 
@@ -277,9 +277,10 @@ class HFCausalLM(BaseModel):
     ) -> torch.Tensor:
         """A pipeline stage's part of the forward: token ids (first stage) or the previous stage's hidden states
         in, through this stage's decoder layers (each called as transformers' stack calls it, with RoPE's tables
-        and the attention mask built from the positions here, as that stack builds them), hidden states out, or
+        and the attention mask of its layer's type built from the positions here, as that stack builds them),
+        hidden states out, or
         logits on the last stage. Qwen3-MoE directories are not staged (``parallelize.check_parallelism``)."""
-        from transformers.masking_utils import create_causal_mask
+        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         decoder = self.model
         hidden_BLD = decoder.embed_tokens(inputs) if decoder.embed_tokens is not None else inputs
@@ -292,18 +293,20 @@ class HFCausalLM(BaseModel):
             )
         if positions is None:
             positions = torch.arange(hidden_BLD.shape[1], device=hidden_BLD.device)[None]
-        mask = create_causal_mask(
-            config=decoder.config,
-            inputs_embeds=hidden_BLD,
-            attention_mask=None,
-            cache=None,
-            position_ids=positions,
-        )
+        config = decoder.config
+        mask_inputs = {
+            "config": config, "inputs_embeds": hidden_BLD, "attention_mask": None, "cache": None,
+            "position_ids": positions,
+        }  # fmt: skip
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+        masks = {"full_attention": create_causal_mask(**mask_inputs)}
+        if "sliding_attention" in layer_types:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_inputs)
         rope = decoder.rotary_emb(hidden_BLD, positions)
-        for layer in decoder.layers.values():
+        for index, layer in decoder.layers.items():
             hidden_BLD = layer(
-                hidden_BLD, attention_mask=mask, position_ids=positions, position_embeddings=rope, use_cache=False,
-                **blocks,
+                hidden_BLD, attention_mask=masks[layer_types[int(index)]], position_ids=positions,
+                position_embeddings=rope, use_cache=False, **blocks,
             )  # fmt: skip
         if decoder.norm is None:
             return hidden_BLD

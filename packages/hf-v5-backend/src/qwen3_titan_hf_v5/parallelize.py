@@ -88,7 +88,7 @@ def parallelize_hf_v5(
     decoder = model.model
     if parallel_dims.ep_enabled:
         apply_expert_parallel(
-            model, parallel_dims.get_mesh("ep"), model.config.token_dispatcher, decoder_layers(model)
+            parallel_dims.get_mesh("ep"), model.config.token_dispatcher, decoder_layers(model)
         )
     if parallel_dims.tp_enabled:
         apply_tensor_parallel(

@@ -37,6 +37,9 @@ from torch.distributed.pipelining.schedules import (
 )
 from torchtitan.tools.logging import logger
 
+# Schedules that run a rank's two stages as a V: the first and the last, the second and the one before, ...
+V_SCHEDULES = (ScheduleZBVZeroBubble, ScheduleDualPipeV)
+
 
 def stage_layers(
     num_layers: int, num_stages: int, *, first_stage_less: int = 1, last_stage_less: int = 1
@@ -67,6 +70,7 @@ def stage_layers(
 
 
 def _describe(layers: range) -> str:
+    """A stage's decoder layers, for its log line."""
     if not layers:
         return "no decoder layer"
     return (
@@ -77,7 +81,7 @@ def _describe(layers: range) -> str:
 def _stages_of_rank(rank: int, degree: int, num_stages: int, schedule_class) -> tuple[int, ...]:
     """The stage indices a pp rank runs: looped (``rank, rank + degree, ...``) or, for the V schedules, the
     pair ``(rank, num_stages - 1 - rank)``."""
-    if schedule_class in (ScheduleZBVZeroBubble, ScheduleDualPipeV):
+    if schedule_class in V_SCHEDULES:
         return (rank, num_stages - 1 - rank)
     return tuple(range(rank, num_stages, degree))
 
@@ -91,7 +95,8 @@ def stage_plan(parallelism, num_layers: int) -> list[range]:
             "leave it empty and name one with --parallelism.pipeline_parallel_schedule"
         )
     degree = parallelism.pipeline_parallel_degree
-    single = not issubclass(get_schedule_class(parallelism.pipeline_parallel_schedule), PipelineScheduleMulti)
+    schedule_class = get_schedule_class(parallelism.pipeline_parallel_schedule)
+    single = not issubclass(schedule_class, PipelineScheduleMulti)
     first, last = (
         parallelism.pipeline_parallel_first_stage_less_layers,
         parallelism.pipeline_parallel_last_stage_less_layers,
@@ -111,6 +116,13 @@ def stage_plan(parallelism, num_layers: int) -> list[range]:
                 f"model's {num_layers} layers, expected {'exactly' if single else 'a multiple of, and at least twice,'}"
                 f" the {degree} pipeline ranks for --parallelism.pipeline_parallel_schedule "
                 f"{parallelism.pipeline_parallel_schedule}"
+            )
+        if schedule_class in V_SCHEDULES and num_stages != 2 * degree:
+            raise UserInputError(
+                f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}: makes {num_stages} stages of the "
+                f"model's {num_layers} layers; --parallelism.pipeline_parallel_schedule "
+                f"{parallelism.pipeline_parallel_schedule} runs two stages on each of the {degree} pipeline ranks "
+                f"({2 * degree} stages)"
             )
     return stage_layers(num_layers, num_stages, first_stage_less=first, last_stage_less=last)
 

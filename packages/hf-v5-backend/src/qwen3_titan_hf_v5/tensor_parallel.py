@@ -98,6 +98,13 @@ def apply_tensor_parallel(
         if norm is None:
             parallelize_module(layers[-1], tp_mesh, _gathered(Shard(1)))
     if norm is not None:
+        if sequence_parallel and not layers:
+            # A last pipeline stage holding no decoder layer: the rows arrive whole, and the norm takes its share.
+            parallelize_module(
+                norm,
+                tp_mesh,
+                PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),)),
+            )
         if sequence_parallel:
             parallelize_module(norm, tp_mesh, SequenceParallel())
         else:

@@ -158,11 +158,6 @@ def _check_parallel_shapes(config, layout: Layout) -> None:
             "cannot share one weight; use 1, or a model with untied embeddings"
         )
     model = config.model_spec.model
-    if layout.cp > 1 and uses_document_blocks(model) and layout.pp > 1:
-        raise UserInputError(
-            f"--parallelism.context_parallel_degree {layout.cp} with --parallelism.pipeline_parallel_degree "
-            f"{layout.pp}: per-document context parallelism does not run under pipeline stages yet; use one of them"
-        )
     if layout.cp > 1 and not uses_document_blocks(model) and _uses_sdpa_or_varlen(model):
         raise UserInputError(
             f"--parallelism.context_parallel_degree {layout.cp}: this backend's attention is SDPA, and "
