@@ -247,14 +247,7 @@ class HFCausalLM(BaseModel):
         if self._stage:
             return self._stage_forward(tokens, positions, attention_masks)
         routed = self._is_moe and self.training
-        blocks = {}
-        if attention_masks is not None:
-            blocks["document_blocks"] = attention_masks
-        elif self._block_sparse:
-            # Handed to every layer, None included (one document per row: causal SDPA), so none derives them.
-            blocks["document_blocks"] = (
-                document_blocks(positions, fixed_shapes=self._fixed_shapes) if positions is not None else None
-            )
+        blocks = self._document_blocks(positions, attention_masks)
         outputs = self.model(
             input_ids=tokens,
             position_ids=positions,
@@ -268,6 +261,19 @@ class HFCausalLM(BaseModel):
         if lm_head_applied_by_loss(self):
             return hidden_BLD
         return self.lm_head(hidden_BLD)
+
+    def _document_blocks(
+        self, positions: torch.Tensor | None, attention_masks: ContextParallelBlocks | None
+    ) -> dict[str, Any]:
+        """The decoder layers' ``document_blocks`` keyword: the CP rank's pairs handed in, or the block-sparse
+        attention's pairs built here once from the positions; handed to every layer, None included (one
+        document per row: causal SDPA), so that none derives them. Nothing for the other attentions."""
+        if attention_masks is not None:
+            return {"document_blocks": attention_masks}
+        if not self._block_sparse:
+            return {}
+        pairs = document_blocks(positions, fixed_shapes=self._fixed_shapes) if positions is not None else None
+        return {"document_blocks": pairs}
 
     def _stage_forward(
         self,
@@ -284,13 +290,7 @@ class HFCausalLM(BaseModel):
 
         decoder = self.model
         hidden_BLD = decoder.embed_tokens(inputs) if decoder.embed_tokens is not None else inputs
-        blocks = {}
-        if attention_masks is not None:
-            blocks["document_blocks"] = attention_masks
-        elif self._block_sparse:
-            blocks["document_blocks"] = (
-                document_blocks(positions, fixed_shapes=self._fixed_shapes) if positions is not None else None
-            )
+        blocks = self._document_blocks(positions, attention_masks)
         if positions is None:
             positions = torch.arange(hidden_BLD.shape[1], device=hidden_BLD.device)[None]
         config = decoder.config
