@@ -284,8 +284,8 @@ class HFCausalLM(BaseModel):
         """A pipeline stage's part of the forward: token ids (first stage) or the previous stage's hidden states
         in, through this stage's decoder layers (each called as transformers' stack calls it, with RoPE's tables
         and the attention mask of its layer's type built from the positions here, as that stack builds them),
-        hidden states out, or
-        logits on the last stage. Qwen3-MoE directories are not staged (``parallelize.check_parallelism``)."""
+        hidden states out, or logits on the last stage. Qwen3-MoE directories are not staged
+        (``parallelize.check_parallelism``)."""
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
         decoder = self.model
@@ -346,9 +346,9 @@ class HFCausalLM(BaseModel):
     def verify_module_protocol(self) -> None:
         # The transformers submodules are plain nn.Modules by design: this backend trains them
         # unchanged. What the rest of the backend relies on is the layout, checked here.
-        layers = getattr(self.model, "layers", None)
         if self._stage:
-            return
+            return  # a pipeline stage holds its own layers (as_pipeline_stage)
+        layers = getattr(self.model, "layers", None)
         if not isinstance(layers, nn.ModuleList) or len(layers) != self.hf_config.num_hidden_layers:
             raise RuntimeError(
                 f"{type(self.model).__name__}: expected `layers` as an nn.ModuleList of "

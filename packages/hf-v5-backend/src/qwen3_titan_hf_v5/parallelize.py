@@ -82,9 +82,7 @@ def parallelize_hf_v5(
     dump_folder: str,
     skip_dp: bool = False,
 ) -> nn.Module:
-    check_parallelism(
-        parallelism, num_experts=model.config.num_experts, num_layers=model.hf_config.num_hidden_layers
-    )
+    check_parallelism(parallelism, num_experts=model.config.num_experts, num_layers=model.config.num_layers)
     decoder = model.model
     if parallel_dims.ep_enabled:
         apply_expert_parallel(

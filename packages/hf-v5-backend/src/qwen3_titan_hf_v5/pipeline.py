@@ -171,25 +171,15 @@ def pipeline_hf_v5(
         stages.append(PipelineStage(part, index, num_stages, device, group=pp_mesh.get_group()))
         parts.append(part)
 
-    micro_batches, remainder = divmod(
-        training.local_batch_size, parallelism.pipeline_parallel_microbatch_size
-    )
-    if remainder:
-        raise UserInputError(
-            f"--training.local_batch_size {training.local_batch_size}: expected a multiple of "
-            f"--parallelism.pipeline_parallel_microbatch_size {parallelism.pipeline_parallel_microbatch_size}"
-        )
+    # A divisor of the rank's batch: train.preflight refuses any other before anything is written.
+    micro_batches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
 
     def scalar_loss(*args, **kwargs) -> torch.Tensor:
         loss, _ = loss_fn(*args, **kwargs)
         return loss
 
-    if single:
-        schedule = schedule_class(
-            stages[0], n_microbatches=micro_batches, loss_fn=scalar_loss, scale_grads=False
-        )
-    else:
-        schedule = schedule_class(
-            stages, n_microbatches=micro_batches, loss_fn=scalar_loss, scale_grads=False
-        )
+    # A single-stage schedule takes its rank's one stage, a looped or V schedule the list.
+    schedule = schedule_class(
+        stages[0] if single else stages, n_microbatches=micro_batches, loss_fn=scalar_loss, scale_grads=False
+    )
     return schedule, parts, any(s.is_first for s in stages), any(s.is_last for s in stages)
