@@ -8,7 +8,8 @@ command of the README's bash blocks runs as written, except two kinds, which can
 - the section "On a Trainium host": it needs Trainium2 devices and an 8 GB download.
 
 The default run's output is also checked the way the README describes it: no warning line, step lines with
-`step/total` and an ETA, and a summary at the end whose verify and load commands are then run as printed.
+`step/total` and an ETA, and a summary at the end whose verify and load commands are then run as printed;
+the two dry runs of the recipe's 4B config print the layout, precision and memory the README describes.
 """
 
 from __future__ import annotations
@@ -118,10 +119,27 @@ def test_readme_commands_in_order_on_a_fresh_copy(tmp_path):
     for line in summary[4:]:  # verify and load, exactly as printed
         _run(shlex.split(line.split(":", 1)[1]), clone)
 
-    for words in commands[1:]:
-        _run(words, clone)
+    printed = {shlex.join(words): _run(words, clone)[0] for words in commands[1:]}
+    _check_the_layouts_printed(printed)
     # The --hf-model run had a folder of its own: the default run's checkpoints are untouched.
     # (beside them, the record of the model they hold: components.model_record)
     kept = sorted(p.name for p in (clone / "outputs/native-debug/checkpoint").iterdir())
     assert kept == sorted([RECORD_NAME, "step-30"])
     assert (clone / "outputs/native-debug-from-native-debug-step-30/hf/step-10/README.md").is_file()
+
+
+def _check_the_layouts_printed(printed: dict[str, str]) -> None:
+    """The README's two dry runs of the recipe's 4B config say what the README says they check."""
+    (trn2,) = [out for command, out in printed.items() if "--memory-per-rank trn2" in command]
+    # Planned for trn2: its 24 GiB per logical core, no host process or gloo copies counted, in trn2's precision
+    # whatever this CPU computes in.
+    assert "[dry-run] memory fits:" in trn2 and "(trn2: 24 GiB per logical core at LNC=2)" in trn2, trn2
+    assert "+ process" not in trn2
+    assert "[dry-run] precision: bf16 compute, fp32 master weights (torchtitan's default on neuron)" in trn2
+    assert "64 ranks = dp_replicate 1 x dp_shard(FSDP) 64" in trn2
+    # 4.02B parameters sharded 64 ways: about 63M per rank (plus FSDP padding).
+    found = re.search(r"([0-9,]+) parameters, ([0-9,]+) on rank 0", trn2)
+    total, per_rank = (int(g.replace(",", "")) for g in found.groups())
+    assert 4.0e9 < total < 4.1e9 and total / 64 <= per_rank < total / 64 * 1.01
+    (nodes,) = [out for command, out in printed.items() if "--nnodes 4" in command and "--dry-run" in command]
+    assert "256 ranks = dp_replicate 1 x dp_shard(FSDP) 64 x context 1 x tensor 4" in nodes, nodes

@@ -44,28 +44,40 @@ def moe_source(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("moe") / "source", moe=True)
 
 
+@pytest.fixture(scope="module")
+def balance_on(tmp_path_factory, moe_source):
+    """Each backend's run with the balance loss on: (its dump folder, its log), run once for every test."""
+    runs: dict[str, tuple[Path, str]] = {}
+
+    def run(backend: str) -> tuple[Path, str]:
+        if backend not in runs:
+            out = tmp_path_factory.mktemp(backend) / "on"
+            runs[backend] = out, _train(backend, moe_source, out, "--moe.router_aux_loss", "on")
+        return runs[backend]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["native-backend", "hf-v5-backend", "nki-moe-backend"])
-def test_balance_loss_is_reported_apart_and_adds_no_state(tmp_path, moe_source, backend):
-    log = _train(backend, moe_source, tmp_path / "on", "--moe.router_aux_loss", "on")
+def test_balance_loss_is_reported_apart_and_adds_no_state(balance_on, moe_source, backend):
+    out, log = balance_on(backend)
     assert "[moe] router balance loss on (--moe.router_aux_loss on), coefficient 0.001" in log
     lines = [line for line in log.splitlines() if "step: " in line and "loss: " in line]
     assert len(lines) == 2 and all("balance: 0.00" in line and "experts: " in line for line in lines), lines
-    scalars = tensorboard_scalars(tmp_path / "on" / "tb")
+    scalars = tensorboard_scalars(out / "tb")
     # num_experts * sum_e f_e * P_e, with sum_e f_e = top_k and sum_e P_e = 1: at most num_experts (4).
     assert all(0.0 < aux <= 4.0 for aux in scalars["loss_metrics/router_aux_loss"]), scalars
     assert {"moe/layer_0/busiest_share", "moe/layer_1/idle_experts"} <= scalars.keys()
-    (export,) = (tmp_path / "on" / "hf").iterdir()
+    (export,) = (out / "hf").iterdir()
     ours, theirs = (read_hf_state_dict(open_model_dir(p)) for p in (export, moe_source))
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 @pytest.mark.slow
-def test_the_reported_loss_is_the_language_model_loss(tmp_path, moe_source):
-    with_term = parse_step_lines(
-        _train("native-backend", moe_source, tmp_path / "on", "--moe.router_aux_loss", "on")
-    )
+def test_the_reported_loss_is_the_language_model_loss(tmp_path, moe_source, balance_on):
+    with_term = parse_step_lines(balance_on("native-backend")[1])
     without = parse_step_lines(_train("native-backend", moe_source, tmp_path / "off"))
     # Learning rate 0: the same weights and rows at every step, so the same language-model loss, to the digit.
     assert [s.loss for s in with_term] == [s.loss for s in without]

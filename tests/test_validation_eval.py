@@ -49,18 +49,34 @@ def _eval(backend: str, *args, cwd: Path) -> dict:
     return json.loads(_run([str(BIN / "eval"), *map(str, args), "--json"], cwd, backend).stdout)
 
 
+STEPS = 12
+VALIDATED = ["--training.steps", STEPS, "--validator.freq", 5, "--checkpoint.no-enable", *EXACT]
+
+
+@pytest.fixture(scope="module")
+def validated_run(tmp_path_factory):
+    """A backend's run of 12 steps validated at steps 1, 5, 10 and 12, exported: (its dump folder, its log),
+    run once for every test that reads it."""
+    runs: dict[tuple[str, str], tuple[Path, str]] = {}
+
+    def run(backend: str, config: str) -> tuple[Path, str]:
+        if (backend, config) not in runs:
+            out = tmp_path_factory.mktemp(backend) / "out"
+            log = _train(backend, "--config", config, *VALIDATED, "--dump_folder", out, cwd=out.parent)
+            runs[backend, config] = out, log
+        return runs[backend, config]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend", "config"),
     [("native-backend", "debug"), ("hf-v5-backend", "debug"), ("nki-moe-backend", "debug_moe")],
 )
-def test_eval_of_the_export_equals_the_last_validation(tmp_path, backend, config):
-    steps = 12
-    out = tmp_path / "out"
-    log = _train(
-        backend, "--config", config, "--training.steps", steps, "--validator.freq", 5, "--checkpoint.no-enable",
-        "--dump_folder", out, *EXACT, cwd=tmp_path,
-    )  # fmt: skip
+def test_eval_of_the_export_equals_the_last_validation(validated_run, tmp_path, backend, config):
+    steps = STEPS
+    out, log = validated_run(backend, config)
     validations = parse_validation_lines(log)
     assert [v.step for v in validations] == [1, 5, 10, 12]
     # exp of the printed loss is off by exp(loss) x its rounding (to first order), the printed perplexity by its own.
@@ -89,25 +105,17 @@ def test_eval_of_the_export_equals_the_last_validation(tmp_path, backend, config
 
 
 @pytest.mark.slow
-def test_validation_leaves_training_unchanged(tmp_path):
-    common = [
-        "--training.steps",
-        6,
-        "--validator.freq",
-        2,
-        "--checkpoint.no-enable",
-        "--hf.no-export",
-        *EXACT,
-    ]
-    with_validation = _train("native-backend", *common, "--dump_folder", tmp_path / "a", cwd=tmp_path)
+def test_validation_leaves_training_unchanged(validated_run, tmp_path):
+    _, with_validation = validated_run("native-backend", "debug")
     without = _train(
-        "native-backend", *common, "--validator.no-enable", "--dump_folder", tmp_path / "b", cwd=tmp_path
-    )
-    assert [v.step for v in parse_validation_lines(with_validation)] == [1, 2, 4, 6]
+        "native-backend", *VALIDATED, "--validator.no-enable", "--hf.no-export", "--dump_folder", tmp_path / "b",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert [v.step for v in parse_validation_lines(with_validation)] == [1, 5, 10, 12]
     assert not parse_validation_lines(without)
     # The held-out part stays out of training either way, and validating consumes no training data.
     losses = [[s.loss for s in parse_step_lines(log)] for log in (with_validation, without)]
-    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    assert len(losses[0]) == STEPS and losses[0] == losses[1]
 
 
 @pytest.mark.slow

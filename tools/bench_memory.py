@@ -129,7 +129,7 @@ def rows(models: dict[str, Path], quick: bool) -> list[tuple[str, str, list[str]
 
 
 def run_row(package: str, args: list[str], work: Path) -> dict:
-    from qwen3_titan_common.launcher.dry_run import before_subcommands
+    from qwen3_titan_common.launcher.titan_flags import before_subcommands
     from qwen3_titan_common.perf.train_log import parse_step_lines
 
     env = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": package}

@@ -62,6 +62,24 @@ def _run(work, degree: int, tmp_path) -> dict:
         return dict(results)
 
 
+def _everything_on_rank(rank: int, degree: int) -> dict:
+    return {"attention": _attention_on_rank(rank, degree), "losses": _losses_on_rank(rank, degree)}
+
+
+@pytest.fixture(scope="module")
+def on_ranks(tmp_path_factory):
+    """What each rank of a CP group of ``degree`` computes (the attention, then the model's losses): one group
+    of processes per degree for every test that reads it (each process starts torch afresh)."""
+    found: dict[int, dict] = {}
+
+    def run(degree: int, part: str) -> dict:
+        if degree not in found:
+            found[degree] = _run(_everything_on_rank, degree, tmp_path_factory.mktemp(f"cp-{degree}"))
+        return {rank: results[part] for rank, results in found[degree].items()}
+
+    return run
+
+
 def _blocks(positions: torch.Tensor, degree: int, rank: int, path: str) -> ContextParallelBlocks:
     cp = context_parallel_blocks(
         positions, group=dist.group.WORLD, degree=degree, rank=rank, block_size=BLOCK, pairs_per_chunk=7,
@@ -93,8 +111,8 @@ def _attention_on_rank(rank: int, degree: int) -> dict:
 
 
 @pytest.mark.parametrize("degree", [2, 4])
-def test_each_rank_computes_the_dense_document_attention_of_its_tokens(tmp_path, degree):
-    found = _run(_attention_on_rank, degree, tmp_path)
+def test_each_rank_computes_the_dense_document_attention_of_its_tokens(on_ranks, degree):
+    found = on_ranks(degree, "attention")
     for seed in range(2):
         positions = _positions(seed)
         q, k, v = inputs(seed, positions, torch.float64)
@@ -191,12 +209,12 @@ def _losses_on_rank(rank: int, degree: int) -> dict:
 
 
 @pytest.mark.parametrize("degree", [2, 4])
-def test_a_models_token_losses_equal_one_ranks_and_no_document_leaks(tmp_path, degree):
+def test_a_models_token_losses_equal_one_ranks_and_no_document_leaks(on_ranks, degree):
     from qwen3_titan_common.train.tolerance import ModelBounds
 
     arch, model = _model()
     one_rank = {changed: _token_losses(model, *_model_inputs(changed)) for changed in (False, True)}
-    found = _run(_losses_on_rank, degree, tmp_path)
+    found = on_ranks(degree, "losses")
     bounds = ModelBounds.from_state_dict(
         arch,
         {

@@ -121,3 +121,46 @@ def test_a_config_records_the_function_that_built_it():
         "knobs", titan_qwen3_model_spec
     )  # a user's own, without --module: said as "the config"
     assert unnamed.tiny(default_architecture(), "debug").config_function is None
+
+
+# -- torchtitan's flags as the launcher reads them before any rank parses them (launcher.titan_flags) ----------
+
+SPELLINGS = [
+    [
+        "--hf.model_dir=/models/a",
+        "--training.local_batch_size",
+        "4",
+        "--hf.to-dcp",
+        "activation-checkpoint:full",
+    ],
+    ["--hf.model-dir", "/models/a", "--training.local-batch-size=4", "--hf.to_dcp", "--hf.no-export"],
+    [
+        "--hf.model_dir",
+        "/models/b",
+        "--hf.model_dir=/models/a",
+        "--hf.no-to_dcp",
+        "--hf.to-dcp",
+        "--training.local_batch_size=4",
+    ],
+]
+
+
+@pytest.mark.parametrize("args", SPELLINGS, ids=["equals", "hyphens", "last-wins"])
+def test_the_launcher_reads_torchtitans_flags_as_its_parser_does(backend, args):
+    from qwen3_titan_common.launcher.titan_flags import TitanFlags
+
+    flags, parsed = TitanFlags.read(args), _parsed(backend.module, args)
+    assert flags.value("--hf.model_dir") == parsed.hf.model_dir == "/models/a"
+    assert flags.given("--training.local_batch_size") and parsed.training.local_batch_size == 4
+    assert flags.switched_on("--hf.to_dcp") and parsed.hf.to_dcp
+    assert not flags.given("--training.global_batch_size")
+    # A subcommand is no boolean's value, and names its section.
+    assert flags.names_section("--activation_checkpoint") == ("activation-checkpoint:full" in args)
+
+
+def test_a_switch_turned_off_after_it_is_off():
+    from qwen3_titan_common.launcher.titan_flags import TitanFlags
+
+    assert not TitanFlags.read(["--hf.to_dcp", "--hf.no-to-dcp"]).switched_on("--hf.to_dcp")
+    assert not TitanFlags.read(["--hf.model_dir", "m"]).switched_on("--hf.to_dcp")
+    assert TitanFlags.read(["--activation-checkpoint.mode", "full"]).names_section("--activation_checkpoint")

@@ -16,44 +16,6 @@ def _dry_run(*args):
 
 
 @pytest.mark.slow
-def test_64_rank_layout_of_the_recipe_4b_config():
-    proc = _dry_run("--nproc", "64", "--config", "native_qwen3_4b", "--memory-per-rank", "trn2")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    # Planned for trn2: its 24 GiB per logical core, no host process or gloo copies counted.
-    assert (
-        "[dry-run] memory fits:" in proc.stdout and "(trn2: 24 GiB per logical core at LNC=2)" in proc.stdout
-    )
-    assert "+ process" not in proc.stdout
-    # In trn2's precision, whatever this CPU computes in.
-    assert (
-        "[dry-run] precision: bf16 compute, fp32 master weights (torchtitan's default on neuron)"
-        in proc.stdout
-    )
-    assert "64 ranks = dp_replicate 1 x dp_shard(FSDP) 64" in proc.stdout
-    # 4.02B parameters sharded 64 ways: about 63M per rank (plus FSDP padding).
-    found = re.search(r"([0-9,]+) parameters, ([0-9,]+) on rank 0", proc.stdout)
-    total, per_rank = (int(g.replace(",", "")) for g in found.groups())
-    assert 4.0e9 < total < 4.1e9
-    assert total / 64 <= per_rank < total / 64 * 1.01
-
-
-@pytest.mark.slow
-def test_256_ranks_with_tensor_parallel_4():
-    proc = _dry_run(
-        "--nproc",
-        "64",
-        "--nnodes",
-        "4",
-        "--config",
-        "native_qwen3_4b",
-        "--parallelism.tensor_parallel_degree",
-        "4",
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "256 ranks = dp_replicate 1 x dp_shard(FSDP) 64 x context 1 x tensor 4" in proc.stdout
-
-
-@pytest.mark.slow
 def test_tensor_with_context_parallelism_is_estimated():
     # Context parallelism puts tensor parallelism on torchtitan's partial_dtensor path, whose logits are a DTensor
     # sharded along the vocabulary (was: internal error in the launcher, nll_loss on mixed tensors).

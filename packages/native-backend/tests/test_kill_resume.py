@@ -1,5 +1,5 @@
 """Killed mid-run, the same command carries on as if nothing happened: the same steps, the same losses, and
-validation at the same steps (1, every 10, the last) with the same losses."""
+validation at the same steps (1, every 4, the last) with the same losses."""
 
 import os
 import subprocess
@@ -12,12 +12,13 @@ from qwen3_titan_testing.processes import descendants, kill
 
 TRAIN = str(Path(sys.executable).with_name("train"))
 ENV = {**os.environ, "QWEN3_TITAN_DEVICE": "cpu", "QWEN3_TITAN_BACKEND": "native-backend"}
-STEPS = 15
+STEPS, INTERVAL = 8, 4  # checkpoints and validations every 4 steps
 
 
 def _command(dump: Path, extra: list[str]) -> list[str]:
     return [
-        TRAIN, "--training.steps", str(STEPS), "--checkpoint.interval", "5", "--hf.no-export",
+        TRAIN, "--training.steps", str(STEPS), "--checkpoint.interval", str(INTERVAL), "--hf.no-export",
+        "--validator.freq", str(INTERVAL),
         "--debug.seed", "0", "--debug.deterministic", "--dump_folder", str(dump), *extra,
     ]  # fmt: skip
 
@@ -66,17 +67,17 @@ def reference_logs(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("extra", "kill_after"), [(LORA, 12)], ids=["lora-resumes-step-10"])
+@pytest.mark.parametrize(("extra", "kill_after"), [(LORA, 7)], ids=["lora-resumes-step-4"])
 def test_sigkill_then_rerun_reproduces_every_step(tmp_path, reference_logs, extra, kill_after):
     # A LoRA run resumes its adapters and their optimizer state; its dropout (the only random draw of a
-    # debug run) draws from the saved RNG. Step 10 is checkpointed and then validated: resumed from it, the
-    # run does not validate step 10 again, so step 11 matches only if validation left the random generators
+    # debug run) draws from the saved RNG. Step 4 is checkpointed and then validated: resumed from it, the
+    # run does not validate step 4 again, so step 5 matches only if validation left the random generators
     # untouched. (A full fine-tuning run's resume from a killed rank: test_elastic_restart.py.)
     reference_log = reference_logs(extra)
     reference = {s.step: s.loss for s in parse_step_lines(reference_log)}
     assert sorted(reference) == list(range(1, STEPS + 1))
     validated = {v.step: v.loss for v in parse_validation_lines(reference_log)}
-    assert sorted(validated) == [1, 10, STEPS]
+    assert sorted(validated) == [1, INTERVAL, STEPS]
 
     dump = tmp_path / "killed"
     first = parse_step_lines(_run_until_step(dump, tmp_path, kill_after, extra))
@@ -87,10 +88,11 @@ def test_sigkill_then_rerun_reproduces_every_step(tmp_path, reference_logs, extr
     partial.mkdir(parents=True, exist_ok=True)
     (partial / "__0_0.distcp").write_bytes(b"half a checkpoint")
 
-    complete = [step for step in (5, 10) if (dump / "checkpoint" / f"step-{step}" / ".metadata").is_file()]
+    saved = range(INTERVAL, STEPS, INTERVAL)
+    complete = [step for step in saved if (dump / "checkpoint" / f"step-{step}" / ".metadata").is_file()]
     # Step N's line is logged before step N's checkpoint is written; a kill after step N+1's line
     # always finds it complete (the kill points are never a checkpoint step).
-    assert complete == ([5, 10] if kill_after > 10 else [5]), (kill_after, complete)
+    assert complete == [step for step in saved if step < kill_after], (kill_after, complete)
     resumed_from = complete[-1]
 
     second_log = _run(dump, tmp_path, extra)

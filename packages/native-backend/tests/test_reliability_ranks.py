@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from qwen3_titan_common.perf.train_log import parse_step_lines
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from qwen3_titan_testing.edges import changes, check_failure, on_small_filesystem, snapshot, unshare_available
 from safetensors.torch import load_file, save_file
@@ -211,7 +212,7 @@ def _start(tmp_path: Path, args: list[str], tag: str) -> tuple[subprocess.Popen,
     def read():
         for line in proc.stdout:
             lines.append(line)
-            if "step:" in line and "loss:" in line and "step:  3" in line:
+            if any(s.step >= 3 for s in parse_step_lines(line)):
                 stepped.set()
 
     threading.Thread(target=read, daemon=True).start()

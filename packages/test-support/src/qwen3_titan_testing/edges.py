@@ -113,9 +113,10 @@ def checks_in_process(backend, argv: list[str]) -> int:
     import sys
 
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.launcher.dry_run import before_subcommands, check_before_launch, parse_run_config
+    from qwen3_titan_common.launcher.dry_run import check_before_launch, parse_run_config
     from qwen3_titan_common.launcher.launch import run
     from qwen3_titan_common.launcher.plan import check_config_name, check_model_dir, plan_launch
+    from qwen3_titan_common.launcher.titan_flags import before_subcommands
     from qwen3_titan_common.train.dump_lock import hold_in_rank
     from qwen3_titan_common.train.trainer import Qwen3Trainer
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import re
 import sys
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any, Protocol
 
 from qwen3_titan_common.errors import UserInputError, first_line
+from qwen3_titan_common.launcher.titan_flags import TitanFlags, before_subcommands
 from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
 # Flags a dry run adds: rank 0 of the job on torchtitan's fake process group, nothing compiled.
@@ -46,6 +46,9 @@ class PlannedJob(Protocol):
 
     def titan_args(self) -> list[str]: ...
 
+    @property
+    def flags(self) -> TitanFlags: ...
+
 
 def fake_rank_env(plan: PlannedJob) -> None:
     """Rank 0 of the planned job, on torchtitan's fake process group; set before the config is parsed."""
@@ -60,16 +63,6 @@ def fake_rank_env(plan: PlannedJob) -> None:
             "QWEN3_TITAN_DEVICE": "cpu",
         }
     )
-
-
-_SUBCOMMAND = re.compile(r"[a-z][a-z0-9-]*:[a-z0-9-]+")
-
-
-def before_subcommands(args: list[str], extra_flags: tuple[str, ...]) -> list[str]:
-    """``args`` with ``extra_flags`` added before the first subcommand (``activation-checkpoint:full``): tyro
-    applies the flags after a subcommand to that subcommand."""
-    at = next((i for i, arg in enumerate(args) if _SUBCOMMAND.fullmatch(arg)), len(args))
-    return [*args[:at], *extra_flags, *args[at:]]
 
 
 def parse_run_config(plan: PlannedJob, extra_flags: tuple[str, ...] = ()) -> Any:
@@ -147,7 +140,7 @@ def checked_config(plan: PlannedJob) -> tuple[Any, list[str]]:
         return Qwen3Trainer.resolved_and_checked(without, deferred=pending)[1], pending
 
 
-PRECISION_FLAG = "training.mixed_precision_param"
+PRECISION_FLAG = "--training.mixed_precision_param"
 
 
 def dry_run(plan: PlannedJob) -> int:
@@ -178,7 +171,7 @@ def dry_run(plan: PlannedJob) -> int:
     # The dry run lays the job out on this machine's CPU. A job planned for another device kind
     # (--memory-per-rank trn2|h100|h200) computes in that device's default precision unless the command names one;
     # a job here in this CPU's.
-    named = any(arg.lstrip("-").replace("-", "_").startswith(PRECISION_FLAG) for arg in plan.passthrough)
+    named = plan.flags.given(PRECISION_FLAG)
     planned = job_device if job_device in ("neuron", "cuda") else "cpu"
     default = default_compute_precision(planned)
     if planned != "cpu" and not named:
@@ -265,21 +258,7 @@ def as_fake_rank(plan: PlannedJob):
         os.environ.update(saved)
 
 
-def _model_dir_of(args: list[str]) -> str | None:
-    """The ``--hf.model_dir`` among torchtitan ``args``."""
-    at = args.index("--hf.model_dir") + 1 if "--hf.model_dir" in args else len(args)
-    return args[at] if at < len(args) else None
-
-
 RECOMPUTE = "activation-checkpoint:full"
-
-
-def _names_recomputation(args: list[str]) -> bool:
-    """Whether the command chooses activation checkpointing itself (the subcommand, or a flag of its section)."""
-    return any(
-        arg.startswith(("activation-checkpoint:", "--activation_checkpoint", "--activation-checkpoint"))
-        for arg in args
-    )
 
 
 def check_before_launch(plan: PlannedJob) -> list[str]:
@@ -302,12 +281,13 @@ def check_before_launch(plan: PlannedJob) -> list[str]:
         with_full_recomputation,
     )
 
-    if "--hf.to_dcp" in plan.passthrough:
+    flags = plan.flags
+    if flags.switched_on("--hf.to_dcp"):
         return []  # a conversion trains no step
     device = job_device_kind(plan)
     if plan.nnodes > 1 or not device or (device == "cuda" and not plan.memory_per_rank):
         return []  # a CUDA memory query would hold a CUDA context in the launcher for the whole run
-    if not plan.memory_per_rank and safetensors_bytes(_model_dir_of(plan.passthrough)) < REAL_SIZE_BYTES:
+    if not plan.memory_per_rank and safetensors_bytes(flags.value("--hf.model_dir")) < REAL_SIZE_BYTES:
         return []
     with as_fake_rank(plan):
         config, _ = checked_config(plan)
@@ -320,9 +300,9 @@ def check_before_launch(plan: PlannedJob) -> list[str]:
             print(f"[train] memory {said}: {line}", file=sys.stderr)
             return []
         fitting = None
-        if not any(flag in plan.passthrough for flag in BATCH_FLAGS):
+        if not any(flags.given(flag) for flag in BATCH_FLAGS):
             fitting = largest_fitting_batch(job, estimate, memory)
-        if fitting is None and not _names_recomputation(plan.passthrough):
+        if fitting is None and not flags.names_section("--activation_checkpoint"):
             recomputed = with_full_recomputation(job, estimate)
             if recomputed is not None and recomputed.total_bytes <= memory.bytes_per_rank:
                 _, fitted = fit_line(plan, recomputed, memory)

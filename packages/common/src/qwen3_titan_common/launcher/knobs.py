@@ -12,7 +12,8 @@ import argparse
 from collections.abc import Callable
 
 from qwen3_titan_common.errors import UserInputError
-from qwen3_titan_common.protocols.short_flags import KNOBS, Knob, flag_spelling
+from qwen3_titan_common.launcher.titan_flags import TitanFlags
+from qwen3_titan_common.protocols.short_flags import KNOBS, Knob
 
 
 def _as_typed(kind: Callable[[str], object]) -> Callable[[str], str]:
@@ -45,13 +46,13 @@ def add_knob_arguments(parser: argparse.ArgumentParser) -> None:
 
 def knob_flags(opts: argparse.Namespace, passthrough: list[str]) -> list[tuple[Knob, str]]:
     """(knob, value) for each short flag given; one given together with its long form is refused."""
-    given = {flag_spelling(arg) for arg in passthrough if arg.startswith("--")}
+    given = TitanFlags.read(passthrough)
     used = []
     for knob in KNOBS:
         value = getattr(opts, knob.dest, None)
         if value is None:
             continue
-        if flag_spelling(knob.field) in given:
+        if given.given(knob.field):
             raise UserInputError(
                 f"{knob.flag} and {knob.field} both given: they set the same field, pass one"
             )

@@ -81,7 +81,8 @@ def run(backend: Backend, line: CommandLine | list[str] | None = None) -> int:
             from qwen3_titan_common.launcher.layout_check import check_layout
 
             return check_layout(plan, lambda job: _run(job, user_command(argv), opts.show_traceback))
-        from qwen3_titan_common.launcher.dry_run import before_subcommands, check_before_launch
+        from qwen3_titan_common.launcher.dry_run import check_before_launch
+        from qwen3_titan_common.launcher.titan_flags import before_subcommands
 
         plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
         return _train(plan, argv, show_traceback=opts.show_traceback)
@@ -128,7 +129,7 @@ def _run(plan: LaunchPlan, command: list[str], show_traceback: bool):
     """torchrun for ``plan``: its exit code and the summary rank 0 left. ``command``: as the user typed it, which
     the ranks' config takes as ``--launcher.command`` (protocols.summary.LauncherOptions)."""
     raise_if_interrupted()  # a Ctrl-C that a library swallowed while the launcher planned
-    from qwen3_titan_common.launcher.dry_run import before_subcommands
+    from qwen3_titan_common.launcher.titan_flags import before_subcommands
 
     # Before any subcommand (activation-checkpoint:full): tyro reads the flags after one as that subcommand's.
     titan = before_subcommands(plan.titan_args(), ("--launcher.command", shlex.join(command)))

@@ -21,6 +21,7 @@ from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.launcher.config_names import list_config_functions
 from qwen3_titan_common.launcher.elastic import restart_env_updates, torchrun_flags
 from qwen3_titan_common.launcher.knobs import add_knob_arguments, knob_flags, mapping_lines, titan_args
+from qwen3_titan_common.launcher.titan_flags import TitanFlags
 from qwen3_titan_common.perf.fit import memory_flag
 from qwen3_titan_common.runtime.neuron_env import neuron_env_updates
 
@@ -85,24 +86,17 @@ class LaunchPlan:
     def titan_args(self) -> list[str]:
         return ["--module", self.module, "--config", self.config, *self.passthrough]
 
+    @property
+    def flags(self) -> TitanFlags:
+        """The torchtitan flags passed through, read as the ranks will read them (``launcher.titan_flags``)."""
+        return TitanFlags.read(self.passthrough)
+
     def command(self) -> list[str]:
         return ["torchrun", *self.torchrun_args(), "-m", "torchtitan.train", *self.titan_args()]
 
     def shell_line(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_updates.items())
         return (env + " " if env else "") + shlex.join(self.command())
-
-
-def flag_value(argv: list[str], flag: str) -> str | None:
-    """The value of torchtitan's ``flag VALUE`` or ``flag=VALUE`` among the flags passed through to the ranks
-    (the last one wins, as in tyro), for the checks made before any rank parses them."""
-    value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 @dataclass(frozen=True)
@@ -269,8 +263,9 @@ def check_config_name(module: str, config: str) -> None:
 def check_model_dir(titan_args: list[str]) -> None:
     """Check an explicitly named HF directory (and peft adapter) before starting ranks (headers only, no
     weights; imported only then: both modules import torch)."""
-    for flag in ("--hf.model_dir", "--hf.model-dir", "--lora.adapter"):
-        if (value := flag_value(titan_args, flag)) is None:
+    flags = TitanFlags.read(titan_args)
+    for flag in ("--hf.model_dir", "--lora.adapter"):
+        if (value := flags.value(flag)) is None:
             continue
         if flag == "--lora.adapter":
             from qwen3_titan_common.hf.adapter import open_adapter_dir as check
