@@ -73,3 +73,21 @@ def test_a_plan_that_cannot_be_made_is_one_line_before_launch(changes, num_layer
     config.model_spec.model.hf_config["num_hidden_layers"] = num_layers
     with pytest.raises(UserInputError, match=line):
         config_registry.HFv5Trainer.prepare_backend(config)
+
+
+def test_a_tied_checkpoint_runs_in_pipeline_stages_when_untied_on_purpose(tmp_path, monkeypatch, capfd):
+    # No stage can hold both ends of one shared matrix; --hf_v5.untie_embeddings trains two (lm_head starts as a
+    # copy of the embedding), which stages hold apart: the trainer's checks ask the backend what it trains.
+    from qwen3_titan_hf_v5 import BACKEND
+    from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
+    from qwen3_titan_testing.edges import checks_in_process
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QWEN3_TITAN_DEVICE", "cpu")
+    model = make_tiny_checkpoint(tmp_path / "tied", tied=True)
+    job = ["--hf-model", str(model), "--nproc", "2", "--parallelism.pipeline_parallel_degree", "2"]
+    assert checks_in_process(BACKEND, [*job, "--out", str(tmp_path / "a")]) == 2
+    assert "tie_word_embeddings true" in capfd.readouterr().err
+    assert (
+        checks_in_process(BACKEND, [*job, "--hf_v5.untie_embeddings", "--out", str(tmp_path / "b")]) == 0
+    ), capfd.readouterr().err

@@ -47,6 +47,11 @@ class HFv5Trainer(_Qwen3Trainer):
         hf_v5: HFv5Options = dataclasses.field(default_factory=HFv5Options)
 
     @classmethod
+    def trains_tied_embeddings(cls, config: Config) -> bool:
+        # --hf_v5.untie_embeddings trains lm_head apart from a tied checkpoint's embedding (it starts as a copy).
+        return super().trains_tied_embeddings(config) and not config.hf_v5.untie_embeddings
+
+    @classmethod
     def prepare_backend(cls, config: Config) -> None:
         """The parallelisms this backend does not implement, refused before anything is written (the
         model's ``update_from_config`` refuses them too, for a config built by hand)."""

@@ -115,7 +115,7 @@ def _check_pipeline_microbatches(config, layout: Layout) -> None:
         )
 
 
-def _check_parallel_shapes(config, layout: Layout) -> None:
+def _check_parallel_shapes(config, layout: Layout, tied: bool) -> None:
     parallelism, seq_len, arch = config.parallelism, config.training.seq_len, config.architecture
     tp_split = layout.tp if parallelism.enable_sequence_parallel else 1
     cp_split = 2 * layout.cp if layout.cp > 1 else 1
@@ -151,7 +151,7 @@ def _check_parallel_shapes(config, layout: Layout) -> None:
                 f"--parallelism.expert_parallel_degree {layout.ep}: expected a divisor of the model's "
                 f"num_experts {arch.moe.num_experts}"
             )
-    if arch is not None and layout.pp > 1 and arch.tie_word_embeddings:
+    if layout.pp > 1 and tied:
         raise UserInputError(
             f"--parallelism.pipeline_parallel_degree {layout.pp}: this model ties its output projection to its "
             "input embeddings (config.json tie_word_embeddings true), and the first and last pipeline stages "
@@ -448,15 +448,21 @@ def _check_data(config, layout: Layout) -> None:
         )
 
 
-def check_run(config, world_size: int | None = None, *, deferred: list[str] | None = None) -> Layout:
+def check_run(
+    config, world_size: int | None = None, *, deferred: list[str] | None = None, tied: bool | None = None
+) -> Layout:
     """Every check of a run that needs no rank; returns the parallel layout it resolved.
 
     ``deferred``: for a dry run, which plans a job for other machines, the free-space check (about
-    this machine's disk) appends its failure there instead of raising it."""
+    this machine's disk) appends its failure there instead of raising it. ``tied``: whether the model trained
+    shares one matrix between its embedding and output projection (the trainer's
+    ``trains_tied_embeddings``; default: the checkpoint's ``tie_word_embeddings``)."""
+    if tied is None:
+        tied = config.architecture is not None and config.architecture.tie_word_embeddings
     world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     _check_flags(config)
     layout = resolve_layout(config.parallelism, world_size)
-    _check_parallel_shapes(config, layout)
+    _check_parallel_shapes(config, layout, tied)
     _check_pipeline_microbatches(config, layout)
     _check_batch(config, layout)
     if config.architecture is not None:

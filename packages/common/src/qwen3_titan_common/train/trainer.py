@@ -253,8 +253,9 @@ class Qwen3Trainer(Trainer):
             which = f"--config {config.config_function[1]}" if config.config_function else "the config"
             raise UserInputError(f"{which} with these flags: {first_line(err)}") from None
         config = with_validation_data(config)
-        check_run(config, deferred=deferred)
-        cls.for_config(config).prepare_backend(config)
+        trainer = cls.for_config(config)
+        check_run(config, deferred=deferred, tied=trainer.trains_tied_embeddings(config))
+        trainer.prepare_backend(config)
         return start, config
 
     @classmethod
@@ -267,6 +268,12 @@ class Qwen3Trainer(Trainer):
                 return trainer
             stack.extend(trainer.__subclasses__())
         return cls
+
+    @classmethod
+    def trains_tied_embeddings(cls, config: Config) -> bool:
+        """Whether the model this run trains shares one matrix between its embedding and its output
+        projection: the checkpoint's ``tie_word_embeddings``, unless the backend trains the two apart."""
+        return config.architecture is not None and config.architecture.tie_word_embeddings
 
     @classmethod
     def prepare_backend(cls, config: Config) -> None:
