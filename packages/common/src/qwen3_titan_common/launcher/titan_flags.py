@@ -1,4 +1,4 @@
-"""torchtitan's flags as the launcher reads them: the command line passed through to the ranks, read once.
+"""torchtitan's flags as the launcher reads them: the command line passed through to the ranks, one reader.
 
 The ranks parse these flags with torchtitan's parser (tyro, against the config function's schema). The
 launcher decides a few things before any rank starts (which checkpoint directory to check, whether the job is
@@ -42,14 +42,19 @@ class TitanFlags:
         while i < len(args):
             arg = args[i]
             if arg.startswith("--"):
-                name, equals, value = arg.partition("=")
-                following = args[i + 1] if i + 1 < len(args) else None
-                if not equals and following is not None and not following.startswith("--"):
-                    if not is_subcommand(following):
-                        value, i = following, i + 1
+                name, equals, given = arg.partition("=")
+                value: str | None = given if equals else None
+                following = args[i + 1] if i + 1 < len(args) else ""
+                if (
+                    not equals
+                    and following
+                    and not following.startswith("--")
+                    and not is_subcommand(following)
+                ):
+                    value, i = following, i + 1
                 # Re-inserted, so that the order of the names is that of their last occurrence.
                 values.pop(flag_spelling(name), None)
-                values[flag_spelling(name)] = value if equals or value else None
+                values[flag_spelling(name)] = value
             elif is_subcommand(arg):
                 subcommands.append(arg)
             i += 1

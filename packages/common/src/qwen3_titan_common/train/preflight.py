@@ -449,16 +449,13 @@ def _check_data(config, layout: Layout) -> None:
 
 
 def check_run(
-    config, world_size: int | None = None, *, deferred: list[str] | None = None, tied: bool | None = None
+    config, world_size: int | None = None, *, tied: bool, deferred: list[str] | None = None
 ) -> Layout:
     """Every check of a run that needs no rank; returns the parallel layout it resolved.
 
     ``deferred``: for a dry run, which plans a job for other machines, the free-space check (about
     this machine's disk) appends its failure there instead of raising it. ``tied``: whether the model trained
-    shares one matrix between its embedding and output projection (the trainer's
-    ``trains_tied_embeddings``; default: the checkpoint's ``tie_word_embeddings``)."""
-    if tied is None:
-        tied = config.architecture is not None and config.architecture.tie_word_embeddings
+    shares one matrix between its embedding and output projection (the trainer's ``trains_tied_embeddings``)."""
     world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
     _check_flags(config)
     layout = resolve_layout(config.parallelism, world_size)
