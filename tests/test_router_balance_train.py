@@ -9,6 +9,7 @@
   share lower than a run without it after the same steps.
 """
 
+import functools
 import os
 import subprocess
 import sys
@@ -47,13 +48,11 @@ def moe_source(tmp_path_factory):
 @pytest.fixture(scope="module")
 def balance_on(tmp_path_factory, moe_source):
     """Each backend's run with the balance loss on: (its dump folder, its log), run once for every test."""
-    runs: dict[str, tuple[Path, str]] = {}
 
+    @functools.cache
     def run(backend: str) -> tuple[Path, str]:
-        if backend not in runs:
-            out = tmp_path_factory.mktemp(backend) / "on"
-            runs[backend] = out, _train(backend, moe_source, out, "--moe.router_aux_loss", "on")
-        return runs[backend]
+        out = tmp_path_factory.mktemp(backend) / "on"
+        return out, _train(backend, moe_source, out, "--moe.router_aux_loss", "on")
 
     return run
 

@@ -4,6 +4,7 @@ Runs are fp32 end to end and deterministic, so the two must give the same loss o
 the validation line of the last step and ``eval`` of that step's export, through the backend's own model.
 """
 
+import functools
 import json
 import math
 import os
@@ -57,14 +58,11 @@ VALIDATED = ["--training.steps", STEPS, "--validator.freq", 5, "--checkpoint.no-
 def validated_run(tmp_path_factory):
     """A backend's run of 12 steps validated at steps 1, 5, 10 and 12, exported: (its dump folder, its log),
     run once for every test that reads it."""
-    runs: dict[tuple[str, str], tuple[Path, str]] = {}
 
+    @functools.cache
     def run(backend: str, config: str) -> tuple[Path, str]:
-        if (backend, config) not in runs:
-            out = tmp_path_factory.mktemp(backend) / "out"
-            log = _train(backend, "--config", config, *VALIDATED, "--dump_folder", out, cwd=out.parent)
-            runs[backend, config] = out, log
-        return runs[backend, config]
+        out = tmp_path_factory.mktemp(backend) / "out"
+        return out, _train(backend, "--config", config, *VALIDATED, "--dump_folder", out, cwd=out.parent)
 
     return run
 

@@ -10,6 +10,7 @@ losses at CP 2 and 4 equal CP 1's, and a token changed in one document changes t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import pytest
@@ -70,12 +71,13 @@ def _everything_on_rank(rank: int, degree: int) -> dict:
 def on_ranks(tmp_path_factory):
     """What each rank of a CP group of ``degree`` computes (the attention, then the model's losses): one group
     of processes per degree for every test that reads it (each process starts torch afresh)."""
-    found: dict[int, dict] = {}
+
+    @functools.cache
+    def found(degree: int) -> dict:
+        return _run(_everything_on_rank, degree, tmp_path_factory.mktemp(f"cp-{degree}"))
 
     def run(degree: int, part: str) -> dict:
-        if degree not in found:
-            found[degree] = _run(_everything_on_rank, degree, tmp_path_factory.mktemp(f"cp-{degree}"))
-        return {rank: results[part] for rank, results in found[degree].items()}
+        return {rank: results[part] for rank, results in found(degree).items()}
 
     return run
 

@@ -1,5 +1,6 @@
 """Published-style weights in, training, a directory transformers loads out."""
 
+import functools
 import json
 import math
 import os
@@ -45,18 +46,16 @@ def _logits_over_bound(path: Path) -> float:
 def trained_export(tmp_path_factory):
     """20 steps from a tiny checkpoint (tied or not), exported: (source, the run's log, the export), each kind
     trained once for every test that reads it."""
-    runs: dict[bool, tuple[Path, str, Path]] = {}
 
+    @functools.cache
     def run(tied: bool) -> tuple[Path, str, Path]:
-        if tied not in runs:
-            tmp = tmp_path_factory.mktemp("tied" if tied else "untied")
-            source = make_tiny_checkpoint(tmp / "source", tied=tied, max_shard_size="60KB")
-            log = _train(
-                "--hf-model", str(source), "--training.steps", "20", "--training.seq_len", "128",
-                "--hf.max_shard_size", "100KB", "--dump_folder", str(tmp / "out"), *EXACT, cwd=tmp,
-            )  # fmt: skip
-            runs[tied] = source, log, tmp / "out" / "hf" / "step-20"
-        return runs[tied]
+        tmp = tmp_path_factory.mktemp("tied" if tied else "untied")
+        source = make_tiny_checkpoint(tmp / "source", tied=tied, max_shard_size="60KB")
+        log = _train(
+            "--hf-model", str(source), "--training.steps", "20", "--training.seq_len", "128",
+            "--hf.max_shard_size", "100KB", "--dump_folder", str(tmp / "out"), *EXACT, cwd=tmp,
+        )  # fmt: skip
+        return source, log, tmp / "out" / "hf" / "step-20"
 
     return run
 

@@ -1,6 +1,7 @@
 """Killed mid-run, the same command carries on as if nothing happened: the same steps, the same losses, and
 validation at the same steps (1, every 4, the last) with the same losses."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -55,15 +56,13 @@ LORA = ["--lora.rank", "8", "--lora.dropout", "0.1"]
 @pytest.fixture(scope="module")
 def reference_logs(tmp_path_factory):
     """The uninterrupted run of each flag set, run once for every kill point of that set."""
-    logs: dict[tuple[str, ...], str] = {}
 
-    def log_of(extra: list[str]) -> str:
-        if tuple(extra) not in logs:
-            tmp = tmp_path_factory.mktemp("reference")
-            logs[tuple(extra)] = _run(tmp / "reference", tmp, extra)
-        return logs[tuple(extra)]
+    @functools.cache
+    def log_of(extra: tuple[str, ...]) -> str:
+        tmp = tmp_path_factory.mktemp("reference")
+        return _run(tmp / "reference", tmp, list(extra))
 
-    return log_of
+    return lambda extra: log_of(tuple(extra))
 
 
 @pytest.mark.slow
