@@ -135,6 +135,45 @@ def test_common_imports_only_downwards():
     assert not upward, "\n".join(sorted(upward))
 
 
+# What the launcher may use of the ranks' layer: the bound its --check-layout verdict applies (a computation on
+# an exported model, not the trainer). Everything a rank checks, the launcher has a rank check.
+LAUNCHER_USES_OF_TRAIN = {"qwen3_titan_common.train.tolerance"}
+_ENVIRON_WRITES = ("update", "clear", "pop", "popitem", "setdefault")
+
+
+def _is_environ(node) -> bool:
+    return (
+        isinstance(node, ast.Attribute) and node.attr == "environ" and getattr(node.value, "id", "") == "os"
+    )
+
+
+def test_the_launcher_runs_no_rank():
+    """No module under launcher/ imports the trainer or the checks its ranks run, nor writes its own process's
+    environment: a rank, or a rehearsal of rank 0 (``launcher.rehearse``), runs in a process of its own."""
+    launcher = {m: p for m, p in MODULES.items() if m.startswith("qwen3_titan_common.launcher.")}
+    assert "qwen3_titan_common.launcher.rehearse" in launcher
+    found = []
+    for module, path in launcher.items():
+        found += [
+            f"{module} imports {target}"
+            for target in GRAPH[module]
+            if target.startswith("qwen3_titan_common.train") and target not in LAUNCHER_USES_OF_TRAIN
+        ]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+                targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+                if any(isinstance(t, ast.Subscript) and _is_environ(t.value) for t in targets):
+                    found.append(f"{module}:{node.lineno} writes os.environ")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if (
+                    _is_environ(node.func.value)
+                    and node.func.attr in _ENVIRON_WRITES
+                    or node.func.attr == "putenv"
+                ):
+                    found.append(f"{module}:{node.lineno} writes os.environ")
+    assert not found, "\n".join(found)
+
+
 def test_backends_never_import_each_other():
     backends = {"qwen3_titan_native", "qwen3_titan_hf_v5", "qwen3_titan_nki_moe"}
     crossing = [

@@ -90,10 +90,10 @@ def test_a_run_that_names_no_batch_gets_the_largest_that_fits_the_stated_memory(
 def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_path):
     """More FSDP ranks, checked by the same estimate: the debug job planned for a GPU whose memory holds its
     activations and under a third of its weights, gradients and optimizer state."""
-    from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
     from qwen3_titan_common.launcher.plan import LaunchPlan
     from qwen3_titan_common.perf.fit import RankMemory
     from qwen3_titan_common.train.memory_check import estimate_rank0, with_more_nodes
+    from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
 
     plan = LaunchPlan(
         module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
@@ -124,7 +124,7 @@ def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_pa
 _HALF_AND_WHOLE = """
 import json, sys
 from qwen3_titan_common.launcher.plan import LaunchPlan
-from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
+from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
 from qwen3_titan_common.train.memory_check import estimate_rank0
 
 plan = LaunchPlan(
@@ -164,7 +164,7 @@ def test_two_cpu_ranks_hold_half_the_state_one_rank_holds_whole(tmp_path):
 
 _LONG_ROW = """
 import json, sys
-from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
+from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
 from qwen3_titan_common.launcher.plan import LaunchPlan
 from qwen3_titan_common.perf.fit import RankMemory
 from qwen3_titan_common.train.memory_check import estimate_rank0, with_context_parallel
@@ -232,7 +232,7 @@ def test_a_batch_that_fits_only_recomputed_gets_full_activation_checkpointing(tm
 _DEEP = """
 import json, sys
 import qwen3_titan_common.train.memory_check as memory_check
-from qwen3_titan_common.launcher.dry_run import as_fake_rank, checked_config
+from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
 from qwen3_titan_common.launcher.plan import LaunchPlan
 from qwen3_titan_common.train.memory_check import estimate_rank0
 

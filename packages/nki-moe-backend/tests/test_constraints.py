@@ -113,13 +113,13 @@ def test_trainer_preparation_fails_fast_for_nki_on_any_device(monkeypatch):
 def _precheck(argv: list[str]) -> str | None:
     """The backend's check, as each rank and --dry-run run it, on the config torchtitan parses."""
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.launcher.dry_run import parse_run_config
     from qwen3_titan_common.launcher.plan import plan_launch
     from qwen3_titan_common.train.trainer import Qwen3Trainer
     from qwen3_titan_nki_moe import BACKEND
+    from qwen3_titan_testing.fake_rank import parse_as_rank
 
     _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
-    config = parse_run_config(plan)
+    config = parse_as_rank(plan)
     try:
         Qwen3Trainer.for_config(config).prepare_backend(config)
     except UserInputError as err:

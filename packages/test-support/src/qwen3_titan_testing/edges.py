@@ -113,21 +113,20 @@ def checks_in_process(backend, argv: list[str]) -> int:
     import sys
 
     from qwen3_titan_common.errors import UserInputError
-    from qwen3_titan_common.launcher.dry_run import check_before_launch, parse_run_config
-    from qwen3_titan_common.launcher.launch import run
-    from qwen3_titan_common.launcher.plan import check_config_name, check_model_dir, plan_launch
-    from qwen3_titan_common.launcher.titan_flags import before_subcommands
+    from qwen3_titan_common.launcher.launch import check_names, run, settle_before_torchrun
+    from qwen3_titan_common.launcher.plan import plan_launch
     from qwen3_titan_common.train.dump_lock import hold_in_rank
     from qwen3_titan_common.train.trainer import Qwen3Trainer
+
+    from qwen3_titan_testing.fake_rank import parse_as_rank
 
     launcher_only = {"--print-cmd", "--list-configs", "--print-sbatch", "--dry-run", "-h", "--help"}
     if launcher_only & set(argv):
         return run(backend, argv)
-    try:  # the launcher's own checks, in launcher.launch.run's order, up to starting torchrun
+    try:  # the launcher's own checks, as launcher.launch.run calls them up to starting torchrun
         _, plan = plan_launch(backend, argv)
-        check_config_name(plan.module, plan.config)
-        check_model_dir(plan.passthrough)
-        plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
+        check_names(plan)
+        settle_before_torchrun(plan)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
@@ -139,7 +138,7 @@ def checks_in_process(backend, argv: list[str]) -> int:
          "LOCAL_RANK": "0"}
     )  # fmt: skip
     try:
-        config = parse_run_config(plan)
+        config = parse_as_rank(plan)
         if isinstance(config, Qwen3Trainer.Config):
             _, config = Qwen3Trainer.resolved_and_checked(config)
             lock = hold_in_rank(config.dump_folder)  # what the rank does next

@@ -3,7 +3,8 @@
 ``train [launcher flags] [torchtitan flags]`` runs the upstream recipe's torchrun command (``plan``);
 every flag the launcher does not own is passed to torchtitan unchanged. ``--print-cmd`` prints that
 command instead of running it, ``--list-configs`` lists the backend's config functions, ``--dry-run``
-checks a layout of any size on this machine with torchtitan's fake process group, ``--check-layout`` runs
+checks a layout of any size on this machine, rank 0 rehearsed on torchtitan's fake process group
+(``launcher.rehearse``), ``--check-layout`` runs
 it at 2 layers beside one rank (``launcher.layout_check``), ``--print-sbatch`` prints a Slurm batch script that
 runs the command on every node (``sbatch``).
 """
@@ -28,6 +29,7 @@ from qwen3_titan_common.launcher.plan import (
     plan_launch,
     read_command_line,
 )
+from qwen3_titan_common.launcher.rehearse import RehearsalFailed, show_failure
 from qwen3_titan_common.launcher.supervise import run_torchrun, torchrun_executable
 from qwen3_titan_common.protocols.rank_errors import SHOW_TRACEBACK_ENV, check_switches, show_tracebacks_asked
 from qwen3_titan_common.protocols.summary import summary_lines
@@ -62,8 +64,7 @@ def run(backend: Backend, line: CommandLine | list[str] | None = None) -> int:
         opts, plan = plan_launch(backend, line)
         if opts.list_configs:
             return _list_configs(plan.module)
-        check_config_name(plan.module, plan.config)
-        check_model_dir(plan.passthrough)
+        check_names(plan)
         if opts.print_cmd:
             for line in plan.knob_mapping:
                 print(line, file=sys.stderr)
@@ -74,21 +75,22 @@ def run(backend: Backend, line: CommandLine | list[str] | None = None) -> int:
 
             return print_sbatch(backend, opts, plan, argv)
         if opts.dry_run:
-            from qwen3_titan_common.launcher.dry_run import dry_run
+            from qwen3_titan_common.launcher.rehearse import dry_run
 
             return dry_run(plan)
         if opts.check_layout:
             from qwen3_titan_common.launcher.layout_check import check_layout
 
             return check_layout(plan, lambda job: _run(job, user_command(argv), opts.show_traceback))
-        from qwen3_titan_common.launcher.dry_run import check_before_launch
-        from qwen3_titan_common.launcher.titan_flags import before_subcommands
-
-        plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
+        settle_before_torchrun(plan)
         return _train(plan, argv, show_traceback=opts.show_traceback)
     except UserInputError as err:
         print(f"train: {err}", file=sys.stderr)
         return 2
+    except RehearsalFailed as err:
+        show_failure(err)
+        print(f"train: internal error in {err} ({SHOW_TRACEBACK_ENV}=1 shows its output)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return _interrupted_before_any_rank()
     except Exception as err:
@@ -104,6 +106,22 @@ def run(backend: Backend, line: CommandLine | list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def check_names(plan: LaunchPlan) -> None:
+    """The launcher's own checks of what the command names, before any mode: the config function is one the
+    module has, and a model directory given is one (its files are read again by every rank)."""
+    check_config_name(plan.module, plan.config)
+    check_model_dir(plan.passthrough)
+
+
+def settle_before_torchrun(plan: LaunchPlan) -> None:
+    """What a launch settles after its checks and before torchrun starts: the fit check's settings
+    (``launcher.rehearse.check_before_launch``), added to the job's torchtitan flags."""
+    from qwen3_titan_common.launcher.rehearse import check_before_launch
+    from qwen3_titan_common.launcher.titan_flags import before_subcommands
+
+    plan.passthrough = before_subcommands(plan.passthrough, tuple(check_before_launch(plan)))
 
 
 def user_command(argv: list[str]) -> list[str]:

@@ -19,8 +19,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from qwen3_titan_common.launcher.dry_run import PlannedJob, checked_config, fake_rank_env
-from qwen3_titan_common.models.layout import Layout, resolve_layout
+from qwen3_titan_common.launcher.rehearse import PlannedJob, rehearse
+from qwen3_titan_common.models.layout import Layout
 from qwen3_titan_common.protocols.summary import RunSummary
 
 CHECK_LAYERS = 2
@@ -53,25 +53,19 @@ class LayoutCheck:
 
     @classmethod
     def of(cls, plan: PlannedJob) -> LayoutCheck:
-        """The job's layout and batch as its rank 0 resolves them (the dry run's parse and checks: a job the
-        run would refuse is refused here, before anything starts); the environment is left as it was."""
-        saved = dict(os.environ)
-        try:
-            fake_rank_env(plan)
-            config, _ = checked_config(plan)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        layout = resolve_layout(config.parallelism, plan.world_size)
-        local = config.training.local_batch_size
+        """The job's layout and batch as its rank 0 resolves them (rehearsed: a job the run would refuse is
+        refused here, before anything starts)."""
+        found = rehearse(plan, "check")
+        layout = Layout(**found["layout"])
+        local = found["local_batch"]
         dp = layout.dp_replicate * layout.dp_shard
-        global_batch = config.training.global_batch_size
+        global_batch = found["global_batch"]
         return cls(
             layout=layout,
             local_batch=local,
             global_batch=global_batch if global_batch > 0 else local * dp,
-            seq_len=config.training.seq_len,
-            layers=config.architecture.num_hidden_layers,
+            seq_len=found["seq_len"],
+            layers=found["layers"],
         )
 
     @property

@@ -67,6 +67,21 @@ class LaunchPlan:
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
+    def job_device_kind(self) -> str:
+        """The device kind of the job's ranks: a device named by --memory-per-rank; else, for a one-node job, this
+        machine's (with --nproc too: its ranks run on this machine's devices); '' for a job on other nodes."""
+        from qwen3_titan_common.perf.fit import NAMED_DEVICES
+
+        if self.memory_per_rank and self.memory_per_rank.strip().lower() in NAMED_DEVICES:
+            return "neuron" if self.memory_per_rank.strip().lower().startswith("trn") else "cuda"
+        if self.device_kind:
+            return self.device_kind
+        if self.nnodes > 1:
+            return ""
+        from qwen3_titan_common.runtime.device import detect_device
+
+        return detect_device().kind
+
     def torchrun_args(self) -> list[str]:
         args = [
             f"--nproc_per_node={self.nproc_per_node}",

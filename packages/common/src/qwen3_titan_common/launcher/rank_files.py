@@ -60,8 +60,8 @@ class RankFiles:
     def root_cause(self) -> str | None:
         """The first failing rank's recorded message (torchrun's copy of its error file), or None. A rank's
         user error wins over another's internal one: its timestamp has whole seconds, a tie goes to rank 0."""
-        messages = [_recorded(self.folder / ROOT_CAUSE_FILE)] + [
-            _recorded(p) for p in self._all("error.json")
+        messages = [recorded_message(self.folder / ROOT_CAUSE_FILE)] + [
+            recorded_message(p) for p in self._all("error.json")
         ]
         found = [m for m in messages if m is not None]
         return next((m for m in found if m.startswith(USER_ERROR)), found[0] if found else None)
@@ -74,7 +74,7 @@ class RankFiles:
         return True
 
 
-def _recorded(path: Path) -> str | None:
+def recorded_message(path: Path) -> str | None:
     try:
         message = json.loads(path.read_text()).get("message")
     except (OSError, ValueError, AttributeError):

@@ -133,9 +133,9 @@ _OTHER_MODES = {"dry_run": "--dry-run", "check_layout": "--check-layout", "print
 
 
 def print_sbatch(backend: Backend, opts: argparse.Namespace, plan: LaunchPlan, argv: list[str]) -> int:
-    """The script, once the job passed the checks its ranks would run (``launcher.dry_run.check_planned_job``):
+    """The script, once the job passed the checks its ranks would run (``launcher.rehearse.check_planned_job``):
     a mistyped flag does not wait in a cluster's queue to fail."""
-    from qwen3_titan_common.launcher.dry_run import check_planned_job
+    from qwen3_titan_common.launcher.rehearse import check_planned_job
 
     for name, flag in _OTHER_MODES.items():
         if getattr(opts, name, False):

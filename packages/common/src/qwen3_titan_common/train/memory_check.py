@@ -1,8 +1,9 @@
 """Whether a job fits its ranks' memory: the estimate of ``perf.memory`` for rank 0 of the planned job, laid out
 on torchtitan's fake process group, against the memory a rank has, and settings that fit when it does not.
 
-The dry run prints it, and a real launch on this machine checks it before torchrun starts when it matters
-(``launcher.dry_run``: ``dry_run``, ``check_before_launch``).
+The dry run prints it, and a real launch on this machine checks it before torchrun starts when it matters: both
+are rank 0 rehearsed (``train.rehearsal``). ``plan``: the job as the rehearsal knows it (``Rehearsal.Config``:
+its ranks, nodes, and the memory a rank has).
 """
 
 from __future__ import annotations
@@ -15,12 +16,6 @@ from typing import Any
 from qwen3_titan_common.perf.memory import StepMemory
 
 GIB = 1024**3
-# Hugging Face weights from this size up are "real size": a launch estimates their memory before torchrun
-# (about 5-30 s); smaller ones (the tests' and the embedded model) start at once.
-REAL_SIZE_BYTES = 10**9
-# The flags that set the per-rank batch; without one, a real-size run gets the largest batch that fits, up to
-# its config's.
-BATCH_FLAGS = ("--training.local_batch_size", "--training.global_batch_size")
 # A job whose weights, gradients and optimizer state do not fit its ranks is tried on its node count times these,
 # each node with the job's ranks (so a rank's memory stays what it is), FSDP sharding over them all.
 MORE_NODES = (2, 4, 8, 16, 32, 64)
@@ -338,22 +333,6 @@ def with_full_recomputation(job: JobModel, estimate: StepMemory) -> StepMemory |
     return job.step_memory(batch=batch, ac_config=FullAC.Config(), baseline_bytes=estimate.baseline_bytes)
 
 
-def job_device_kind(plan) -> str:
-    """The device kind of the job's ranks: a device named by --memory-per-rank; else, for a one-node job, this
-    machine's (with --nproc too: its ranks run on this machine's devices); '' for a job on other nodes."""
-    from qwen3_titan_common.perf.fit import NAMED_DEVICES
-
-    if plan.memory_per_rank and plan.memory_per_rank.strip().lower() in NAMED_DEVICES:
-        return "neuron" if plan.memory_per_rank.strip().lower().startswith("trn") else "cuda"
-    if plan.device_kind:
-        return plan.device_kind
-    if plan.nnodes > 1:
-        return ""
-    from qwen3_titan_common.runtime.device import detect_device
-
-    return detect_device().kind
-
-
 def rank_memory_of(plan, device: str | None = None):
     """The memory one rank has: stated (--memory-per-rank), else that of a rank on ``device`` here (the dry run
     passes this machine's kind only for a job here, without --nproc), else unknown."""
@@ -366,7 +345,8 @@ def rank_memory_of(plan, device: str | None = None):
 
 def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory]:
     """Rank 0 of ``plan`` on torchtitan's fake process group (initialised here; the caller destroys it): its model
-    and its step's memory at the config's batch. The process must be a fake rank already (``fake_rank_env``)."""
+        and its step's memory at the config's batch. The process must be rank 0 of the job already (its environment as
+    torchrun's, NGPU for torchtitan's fake process group)."""
     from torchtitan.tools import utils as titan_utils
 
     from qwen3_titan_common.perf.memory import process_baseline_bytes, weights_read_bytes

@@ -92,6 +92,7 @@ from qwen3_titan_common.protocols.summary import (
 )
 from qwen3_titan_common.train.lora import LoRAOptions, with_lora
 from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
+from qwen3_titan_common.train.rehearsal import Rehearsal
 from qwen3_titan_common.train.run_card import run_card
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
@@ -145,6 +146,7 @@ class Qwen3Trainer(Trainer):
         """sft: next-token loss on the trained tokens; dpo: preference pairs (--dpo.*, docs/preference.md)."""
         dpo: PreferenceOptions = field(default_factory=PreferenceOptions)
         launcher: LauncherOptions = field(default_factory=LauncherOptions)
+        rehearsal: Rehearsal.Config = field(default_factory=Rehearsal.Config)
         architecture: Annotated[Qwen3Architecture | None, tyro.conf.Suppress] = None
         model_spec_builder: Annotated[ModelSpecBuilder | None, tyro.conf.Suppress] = None
         output_defaults: Annotated[OutputDefaults | None, tyro.conf.Suppress] = None
@@ -160,6 +162,13 @@ class Qwen3Trainer(Trainer):
             ):
                 self.training = dataclasses.replace(self.training, disable_cuda_graphs=True)
             Trainer.Config.__post_init__(self)
+
+        def build(self, **kwargs):
+            """The trainer; or, when the launcher rehearses the job (``--rehearsal.mode``), rank 0's rehearsal
+            (``train.rehearsal``), which torchtitan's entry runs as it runs a trainer."""
+            if self.rehearsal.mode:
+                return self.rehearsal.build(trainer_config=self, trainer=self._owner)
+            return Trainer.Config.build(self, **kwargs)
 
     def __init__(self, config: Config):
         from qwen3_titan_common.runtime.quiet import quiet_what_does_not_apply
