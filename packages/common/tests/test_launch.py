@@ -250,3 +250,33 @@ def test_a_ranks_user_error_wins_over_another_ranks_internal_error(tmp_path):
     assert files.root_cause() == "RuntimeError: Connection closed by peer"
     record(tmp_path / "run" / "attempt_0" / "1" / "error.json", "UserInputError: d.jsonl:9: bad")
     assert files.root_cause() == "UserInputError: d.jsonl:9: bad"
+
+
+_INTERRUPTED_LINE = """
+import json, sys
+from qwen3_titan_common.launcher.supervise import _interrupted_line
+from qwen3_titan_common.protocols.summary import RunRecord
+
+said = [_interrupted_line(RunRecord("out", sys.argv[1], last_step=5, interrupted_with_checkpoint=step))
+        for step in (4, -1)]
+print(json.dumps([said, "torch" in sys.modules]))
+"""
+
+
+def test_an_interrupted_runs_last_line_names_the_checkpoint_its_rank_read(tmp_path):
+    """The rank reads its newest complete checkpoint on its way out; the launcher names it without reading DCP's
+    files itself (which would import torch after torchrun has already exited). The folder here holds a step-6
+    that does not read whole, so a line read from the disk would say so."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "step-6").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_LINE, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (with_step, without), imported_torch = json.loads(proc.stdout)
+    assert with_step.startswith("interrupted at step 5; newest complete checkpoint: step 4 (")
+    assert without.startswith("interrupted at step 5; no complete checkpoint yet")
+    assert not imported_torch

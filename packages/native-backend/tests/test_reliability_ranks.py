@@ -234,6 +234,9 @@ def test_ctrl_c_during_training(tmp_path):
     assert failure.line.endswith("rerun the same command to resume")
     newest = int(failure.line.split("newest complete checkpoint: step ")[1].split()[0])
     assert newest >= 2 and (tmp_path / "out" / "checkpoint" / f"step-{newest}" / ".metadata").is_file()
+    # The rank read it on its way out and left it in its record, so the launcher imported no torch for the line.
+    (record,) = (tmp_path / "out" / "logs" / "ranks").glob("*/attempt_0/0/run.json")
+    assert json.loads(record.read_text())["interrupted_with_checkpoint"] == newest
     assert _processes_tagged(tag) == [], "processes of the run outlived it"
 
 

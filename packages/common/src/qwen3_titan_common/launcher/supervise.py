@@ -157,12 +157,17 @@ def _close_log(log, scratch: Path, record: RunRecord | None) -> Path:
 
 
 def _interrupted_line(record: RunRecord | None) -> str:
-    from qwen3_titan_common.hf.start import newest_complete_step
-
     step = record.last_step if record is not None else None
     where = f"at step {step}" if step is not None else "before the first step"
     folder = Path(record.checkpoint_folder) if record is not None else None
-    newest = newest_complete_step(folder) if folder is not None else None
+    if record is not None and record.interrupted_with_checkpoint is not None:
+        newest = record.interrupted_with_checkpoint if record.interrupted_with_checkpoint >= 0 else None
+    elif folder is not None:  # the rank did not say (interrupted before its steps, or killed): read here
+        from qwen3_titan_common.hf.start import newest_complete_step
+
+        newest = newest_complete_step(folder)
+    else:
+        newest = None
     if newest is None:
         return f"interrupted {where}; no complete checkpoint yet: rerunning the same command starts over"
     return (

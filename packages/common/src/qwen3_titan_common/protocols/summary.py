@@ -66,13 +66,18 @@ class LauncherOptions:
 class RunRecord:
     """What a node's first local rank leaves for the ``train`` launcher, in one file beside its torchelastic
     error file, rewritten whole as the run goes: where the run writes (once its checks passed), the last step
-    its metrics logged, and rank 0's summary at the end. The launcher reads it once, after torchrun returns
+    its metrics logged, the newest complete checkpoint of a run interrupted in its steps, and rank 0's summary
+    at the end. The launcher reads it once, after torchrun returns
     (the log's folder, an interruption's step, the summary). Outside the launcher nothing is written."""
 
     dump_folder: str
     checkpoint_folder: str
     last_step: int | None = None
     summary: RunSummary | None = None
+    interrupted_with_checkpoint: int | None = None
+    """An interrupted run's newest complete step checkpoint, as the rank read it on its way out (-1: none), so
+    that the launcher's last line names it without reading DCP's files itself (which imports torch). None:
+    not read (the rank was not interrupted in its steps, or was killed before it could read)."""
     # Where this rank writes the record (not part of it): None when no launcher reads one.
     folder: Path | None = field(default=None, compare=False, repr=False)
 

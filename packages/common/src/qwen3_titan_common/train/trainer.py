@@ -71,7 +71,7 @@ from qwen3_titan_common.data.loader import POSITION_FORMAT, TextChatDataLoader
 from qwen3_titan_common.errors import CheckpointError, UserInputError, first_line
 from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
 from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
-from qwen3_titan_common.hf.start import StartPoint, absolute, plan_start
+from qwen3_titan_common.hf.start import StartPoint, absolute, newest_complete_step, plan_start
 from qwen3_titan_common.models.attention import (
     document_attention_of,
     uses_document_blocks,
@@ -381,7 +381,11 @@ class Qwen3Trainer(Trainer):
                 if not dist.is_initialized() or dist.get_rank() == 0:
                     report(converted_summary(self, converted), self.run_record, logger.info)
             else:
-                self._train_steps()
+                try:
+                    self._train_steps()
+                except KeyboardInterrupt:
+                    self._record_newest_checkpoint()
+                    raise
                 export = None
                 if self.config.hf.export:
                     export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
@@ -392,6 +396,15 @@ class Qwen3Trainer(Trainer):
                 # checkpoint or export, or (under --max-restarts) still needs the store that rank 0 hosts.
                 # torchtitan's own loop pauses rank 0 for two seconds instead, on every run.
                 dist.barrier()
+
+    def _record_newest_checkpoint(self) -> None:
+        """On an interruption, the newest step checkpoint that reads whole, for the launcher's last line (read
+        here, where torch is loaded already; the launcher would import it for this alone)."""
+        if self.run_record.folder is None:
+            return
+        newest = newest_complete_step(Path(self.run_record.checkpoint_folder))
+        self.run_record.interrupted_with_checkpoint = -1 if newest is None else newest
+        self.run_record.save()
 
     def close(self) -> None:
         super().close()
