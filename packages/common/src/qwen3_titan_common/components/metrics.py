@@ -37,6 +37,7 @@ from torchtitan.components.metrics import MetricsProcessor
 from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 
+from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.perf.expert_load import all_ranks_counts, collapsed, dropped_assignments, expert_load
 from qwen3_titan_common.perf.peaks import peak_flops
 from qwen3_titan_common.perf.progress import format_duration
@@ -72,6 +73,12 @@ class Qwen3Metrics(MetricsProcessor):
         progress_seconds: float = 5.0
         """A phase (loading, the first step, a checkpoint save, validation, export) that lasts longer than this
         prints a progress line, then one every this many seconds."""
+
+        def __post_init__(self) -> None:
+            if not 0 <= self.progress_seconds < float("inf"):
+                raise UserInputError(
+                    f"--metrics.progress_seconds {self.progress_seconds}: expected seconds, 0 or more"
+                )
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)

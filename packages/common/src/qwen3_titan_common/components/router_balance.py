@@ -66,6 +66,13 @@ class MoEOptions:
     >= experts / top_k drops no token). Elsewhere, setting it replaces the exchange of exactly the routed
     rows (torchtitan's on CUDA, ours on the CPU)."""
 
+    def __post_init__(self) -> None:
+        factor = self.capacity_factor
+        if factor is not None and (isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0):
+            raise UserInputError(
+                f"--moe.capacity_factor {factor}: expected a positive number (experts / top_k drops no token)"
+            )
+
 
 def counted_tokens(labels_BL: torch.Tensor, positions_BL: torch.Tensor | None) -> torch.Tensor | None:
     """The tokens the balance loss counts: all but a row's padding, the documents with no trained label."""
@@ -249,16 +256,11 @@ def with_expert_exchange(config, device_type: str):
     """The run's config with the expert exchange its device runs (``models.ep_dispatch``), said in one log
     line: on CUDA torchtitan's all-to-all, on the CPU ours of exactly the routed rows (gloo runs it; nothing
     is dropped), on Neuron the fixed-capacity one (one shape per layer), and that one wherever
-    ``--moe.capacity_factor`` asks for it. A capacity without expert parallelism, or one no one can mean, is
-    refused."""
+    ``--moe.capacity_factor`` asks for it. A capacity without expert parallelism is refused."""
     from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR, with_token_dispatcher
 
     degree = config.parallelism.expert_parallel_degree
-    factor = config.moe.capacity_factor
-    if factor is not None and (isinstance(factor, bool) or not math.isfinite(factor) or factor <= 0):
-        raise UserInputError(
-            f"--moe.capacity_factor {factor}: expected a positive number (experts / top_k drops no token)"
-        )
+    factor = config.moe.capacity_factor  # a value no one can mean is refused by the section itself
     if degree <= 1:
         if factor is not None:
             raise UserInputError(

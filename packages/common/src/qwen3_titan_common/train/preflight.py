@@ -1,16 +1,15 @@
 """Checks a resolved training config before anything is written, in one function for both callers.
 
-The ``train`` launcher runs :func:`check_run` on the config it parsed in-process, before torchrun
-starts (and ``--dry-run`` runs it too); every rank runs it again at the start of
-``Qwen3Trainer.__init__``, before torchtitan initialises distributed, creates the dump folder or
-reads a weight, so the upstream ``torchrun ... -m torchtitan.train`` form fails the same way. None
+Every rank runs :func:`check_run` at the start of ``Qwen3Trainer.__init__``, before torchtitan initialises
+distributed, creates the dump folder or reads a weight, so the upstream ``torchrun ... -m torchtitan.train`` form
+fails the same way; the launcher's rehearsal of rank 0 (``--dry-run``, the fit check: ``train.rehearsal``) runs it
+too. None
 of these checks writes anything; each failure is one line naming the flag, file or record.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 from pathlib import Path
 
@@ -18,10 +17,9 @@ import torch
 
 from qwen3_titan_common.errors import UserInputError, first_line
 from qwen3_titan_common.hf.expected_keys import LM_HEAD, expected_hf_shapes
-from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root, parse_size
+from qwen3_titan_common.hf.export import EXPORT_DTYPES, check_export_root
 from qwen3_titan_common.models.attention import uses_document_blocks
 from qwen3_titan_common.models.layout import Layout, resolve_layout
-from qwen3_titan_common.protocols.short_flags import short_flag_of
 from qwen3_titan_common.runtime.disk import (
     DiskSpaceError,
     NotWritableError,
@@ -29,11 +27,7 @@ from qwen3_titan_common.runtime.disk import (
     check_writable_dir,
     nearest_existing,
 )
-
-
-def _positive(flag: str, value: int) -> None:
-    if value < 1:
-        raise UserInputError(f"{flag} {value}: expected a positive integer")
+from qwen3_titan_common.train.field_checks import check_torchtitan_fields
 
 
 def _check_tokenizer(path: str, vocab_size: int) -> None:
@@ -179,69 +173,10 @@ def _check_batch(config, layout: Layout) -> None:
         )
 
 
-def _check_optimizer(optimizer) -> None:
-    """Values no one means, refused before a step moves a weight the wrong way (a negative rate ascends)."""
-    for index, group in enumerate(getattr(optimizer, "param_groups", None) or ()):
-        kwargs = getattr(group, "optimizer_kwargs", None) or {}
-        flag = f"--optimizer.param_groups.{index}.optimizer_kwargs"
-        checks = {
-            "lr": (lambda v: v >= 0, "a number >= 0 (0 moves no weight)"),
-            "weight_decay": (lambda v: v >= 0, "a number >= 0"),
-            "eps": (lambda v: v > 0, "a positive number"),
-        }
-        for name, (fine, expected) in checks.items():
-            value = kwargs.get(name)
-            if value is None:
-                continue
-            shown = f"{flag}.{name} {value}" + (" (--lr)" if name == "lr" and index == 0 else "")
-            if not (_number(value) and fine(value)):
-                raise UserInputError(f"{shown}: expected {expected}")
-        betas = kwargs.get("betas")
-        if betas is not None and not all(
-            isinstance(b, (int, float)) and math.isfinite(b) and 0 <= b < 1 for b in betas
-        ):
-            raise UserInputError(f"{flag}.betas {tuple(betas)}: expected two numbers in [0, 1)")
-
-
-def _number(value) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
-def _short_form(flag: str) -> str:
-    short = short_flag_of(flag)
-    return f" ({short})" if short else ""
-
-
-def _check_schedule(config) -> None:
-    """The rate's schedule and the gradient clip: a negative clip scales gradients by a negative number
-    (gradient ascent), a negative warmup or a decay beyond the run bends the schedule into what no one meant."""
-    max_norm = config.training.max_norm
-    if not (_number(max_norm) and max_norm > 0 or max_norm == math.inf):
-        raise UserInputError(
-            f"--training.max_norm {max_norm}: expected a positive number, or inf for no clipping (gradients "
-            "are scaled down to this norm; 0 would zero them and a negative number reverse them)"
-        )
-    scheduler = config.lr_scheduler
-    checks = (
-        ("warmup_steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (steps of linear warmup)"),
-        (
-            "decay_ratio",
-            lambda v: v is None or (_number(v) and 0 <= v <= 1),
-            "a fraction in [0, 1] of the steps",
-        ),
-        ("min_lr_factor", lambda v: _number(v) and 0 <= v <= 1, "a fraction in [0, 1] of the peak rate"),
-    )
-    for name, fine, expected in checks:
-        value = getattr(scheduler, name, None)
-        flag = f"--lr_scheduler.{name}"
-        if not fine(value):
-            raise UserInputError(f"{flag} {value}{_short_form(flag)}: expected {expected}")
-
-
 def _check_loader_workers(loader) -> None:
+    """The loader's worker settings that apply only with workers (their count is checked with torchtitan's fields,
+    ``train.field_checks``)."""
     workers = getattr(loader, "num_workers", 0)
-    if not isinstance(workers, int) or workers < 0:
-        raise UserInputError(f"--dataloader.num_workers {workers}: expected an integer >= 0")
     if workers:
         prefetch = getattr(loader, "prefetch_factor", None)
         if prefetch is not None and prefetch < 1:
@@ -280,33 +215,14 @@ def _check_flags(config) -> None:
     hf = getattr(config, "hf", None)
     if hf is not None and hf.to_dcp:
         _check_conversion(config)
-    _check_optimizer(config.optimizer)
-    _check_schedule(config)
+    check_torchtitan_fields(config)
     _check_loader_workers(config.dataloader)
-    _positive("--metrics.log_freq", getattr(getattr(config, "metrics", None), "log_freq", 1))
-    progress = getattr(getattr(config, "metrics", None), "progress_seconds", 5.0)
-    if not 0 <= progress < float("inf"):
-        raise UserInputError(f"--metrics.progress_seconds {progress}: expected seconds, 0 or more")
-    training = config.training
-    _positive("--training.steps", training.steps)
-    _positive("--training.local_batch_size", training.local_batch_size)
-    _positive("--training.seq_len", training.seq_len)
-    arch = config.architecture
+    training, arch = config.training, config.architecture
     if arch is not None and training.seq_len > arch.max_position_embeddings:
         raise UserInputError(
             f"--training.seq_len {training.seq_len}: longer than the model's max_position_embeddings "
             f"{arch.max_position_embeddings}"
         )
-    if config.checkpoint.interval < 1:
-        raise UserInputError(
-            f"--checkpoint.interval {config.checkpoint.interval}: expected a positive integer"
-        )
-    hf = config.hf
-    if hf.export_interval < 0:
-        raise UserInputError(
-            f"--hf.export_interval {hf.export_interval}: expected 0 (only at the end) or more"
-        )
-    parse_size(hf.max_shard_size)
 
 
 def _export_root(config) -> tuple[Path, str]:

@@ -127,6 +127,13 @@ class HFCheckpointConfig:
     download_hint: Annotated[str | None, tyro.conf.Suppress] = None
     """Command that fetches model_dir, quoted when the directory is missing."""
 
+    def __post_init__(self) -> None:
+        if self.export_interval < 0:
+            raise UserInputError(
+                f"--hf.export_interval {self.export_interval}: expected 0 (only at the end) or more"
+            )
+        parse_size(self.max_shard_size)
+
 
 @dataclass(kw_only=True, slots=True)
 class Qwen3DebugConfig(DebugConfig):
