@@ -280,3 +280,40 @@ def test_an_interrupted_runs_last_line_names_the_checkpoint_its_rank_read(tmp_pa
     assert with_step.startswith("interrupted at step 5; newest complete checkpoint: step 4 (")
     assert without.startswith("interrupted at step 5; no complete checkpoint yet")
     assert not imported_torch
+
+
+_FAILING_REGISTRY = """
+from qwen3_titan_common.assets import default_architecture as _arch
+from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec as _spec
+from qwen3_titan_common.train.config_functions import BackendConfigs as _Configs
+
+_CONFIGS = _Configs("failing", _spec)
+
+
+def debug():
+    '''A config function that fails after it has built its config, as a bug of ours would.'''
+    _CONFIGS.tiny(_arch(), "debug")
+    raise RuntimeError("a bug in the config function")
+"""
+
+
+def test_a_rehearsal_that_fails_inside_is_one_line_and_its_output_on_request(tmp_path, monkeypatch, capfd):
+    """The dry run is rank 0 rehearsed in a child process (launcher.rehearse): an internal error there is
+    the launcher's one line, exit 1, with the child's own output (its traceback) shown only when asked."""
+    package = tmp_path / "failing_backend"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "config_registry.py").write_text(_FAILING_REGISTRY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.chdir(tmp_path)
+    backend = Backend(distribution="failing-backend", module="failing_backend")
+    for shown in ("0", "1"):
+        monkeypatch.setenv("QWEN3_TITAN_SHOW_TRACEBACK", shown)
+        assert run(backend, ["--dry-run", "--nproc", "2"]) == 1
+        out = capfd.readouterr()
+        line = out.err.strip().splitlines()[-1]
+        assert line.startswith("train: internal error in the dry run (rank 0 rehearsed in a child process): ")
+        assert "RuntimeError: a bug in the config function" in line
+        assert ("Traceback (most recent call last)" in out.err) == (shown == "1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failing_backend"]  # nothing written

@@ -100,8 +100,8 @@ def rehearse(plan: PlannedJob, mode: str, *, nproc_per_node: int | None = None) 
             code = _follow(
                 subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT), report
             )
-        if code == 0 and (report.result is not None or mode == "dry_run"):
-            return report.result or {}
+        if code == 0 and report.result is not None:
+            return report.result
         recorded = recorded_message(scratch / "error.json")
         if recorded is not None and recorded.startswith(USER_ERROR):
             raise UserInputError(recorded[len(USER_ERROR) :])

@@ -200,6 +200,7 @@ class Rehearsal(Configurable):
             say(f"[dry-run] layout ok: {ranks}; the run needs what is listed above first")
         else:
             say(f"[dry-run] ok: {ranks}")
+        self.report.found(pending=pending)
 
     def _fit(self) -> None:
         """For a job on this machine whose memory matters (the launcher asks for real-size weights, where a step
