@@ -167,6 +167,7 @@ def test_the_run_record_is_what_the_launcher_reads_after_torchrun(tmp_path, monk
         "checkpoint_folder",
         "last_step",
         "summary",
+        "interrupted_with_checkpoint",
     }
     record.last_step = 27
     record.summary = RunSummary(

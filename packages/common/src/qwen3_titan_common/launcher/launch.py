@@ -112,7 +112,7 @@ def check_names(plan: LaunchPlan) -> None:
     """The launcher's own checks of what the command names, before any mode: the config function is one the
     module has, and a model directory given is one (its files are read again by every rank)."""
     check_config_name(plan.module, plan.config)
-    check_model_dir(plan.passthrough)
+    check_model_dir(plan.flags)
 
 
 def settle_before_torchrun(plan: LaunchPlan) -> None:

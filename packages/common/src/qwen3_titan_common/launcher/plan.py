@@ -275,10 +275,9 @@ def check_config_name(module: str, config: str) -> None:
             raise LaunchError(message)
 
 
-def check_model_dir(titan_args: list[str]) -> None:
+def check_model_dir(flags: TitanFlags) -> None:
     """Check an explicitly named HF directory (and peft adapter) before starting ranks (headers only, no
     weights; imported only then: both modules import torch)."""
-    flags = TitanFlags.read(titan_args)
     for flag in ("--hf.model_dir", "--lora.adapter"):
         if (value := flags.value(flag)) is None:
             continue

@@ -22,6 +22,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from qwen3_titan_common.protocols.short_flags import flag_spelling
+
 RUN_FILE = "run.json"
 
 
@@ -134,8 +136,7 @@ def with_steps(command: list[str], steps: int) -> list[str]:
         if skip:
             skip = False
             continue
-        name = arg.split("=", 1)[0].replace("_", "-")
-        if name in ("--steps", "--training.steps"):
+        if flag_spelling(arg) in (flag_spelling("--steps"), flag_spelling("--training.steps")):
             skip = "=" not in arg
             continue
         out.append(arg)
@@ -157,7 +158,7 @@ def summary_lines(
             f"converted: {_shown(s.source or '?')} -> {_shown(s.converted)} (torchtitan checkpoint, weights only)"
         ]
         if command:
-            rest = [arg for arg in command if arg.replace("_", "-") not in ("--hf.to-dcp",)]
+            rest = [arg for arg in command if flag_spelling(arg) != flag_spelling("--hf.to_dcp")]
             lines.append(f"train:     {shlex.join(rest)}   (starts from it: the same --out)")
         lines.append(
             f"elsewhere: --checkpoint.initial_load_path {_shown(s.converted)} --checkpoint.initial_load_model_only"
