@@ -37,9 +37,17 @@ def _train(backend: str, out: Path, nproc: int, *flags: str) -> dict[str, list[f
     command = [TRAIN, "--nproc", str(nproc), *RUN, *flags, "--out", str(out)]
     proc = subprocess.run(command, cwd=out.parent, env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
+    assert proc.returncode == 0, log[-4000:] + _full_log_tail(log)
     assert "internal error" not in log
     return tensorboard_scalars(out / "tb")
+
+
+def _full_log_tail(said: str) -> str:
+    """The end of the run's full log (the ranks' stderr too), where a failed run's last line names it."""
+    if "the full log is in " not in said:
+        return ""
+    path = Path(said.split("the full log is in ")[-1].split(" (")[0].strip())
+    return "\n--- the full log's end:\n" + path.read_text(errors="replace")[-6000:] if path.is_file() else ""
 
 
 def _assert_same_losses(

@@ -116,10 +116,10 @@ def _precheck(argv: list[str]) -> str | None:
     from qwen3_titan_common.launcher.plan import plan_launch
     from qwen3_titan_common.train.trainer import Qwen3Trainer
     from qwen3_titan_nki_moe import BACKEND
-    from qwen3_titan_testing.fake_rank import parse_as_rank
+    from torchtitan.config import ConfigManager
 
     _, plan = plan_launch(BACKEND, ["--nproc", "1", *argv])
-    config = parse_as_rank(plan)
+    config = ConfigManager().parse_args(plan.titan_args())
     try:
         Qwen3Trainer.for_config(config).prepare_backend(config)
     except UserInputError as err:

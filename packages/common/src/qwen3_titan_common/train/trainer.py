@@ -227,6 +227,7 @@ class Qwen3Trainer(Trainer):
                 self.checkpointer.checkpoint_bytes += self.live_reference.nbytes
         # The steps this process trains, for the summary: the step lines show only every --metrics.log_freq-th.
         self.first_trained_step: int | None = None
+        self._finished = False  # train() returned: every rank meets the others once more as it closes
         logger.info(describe_trainable(self.model_parts, self.optimizers))
 
     def _initialise_alike_in_every_layout(self, config: Config) -> None:
@@ -398,11 +399,7 @@ class Qwen3Trainer(Trainer):
                     export = self.checkpointer.export_hf(self.step, card=run_card(self, self.step))
                 if not dist.is_initialized() or dist.get_rank() == 0:
                     report(summary_of(self, export), self.run_record, logger.info)
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                # Every rank leaves together, so none tears down while another still writes its last step's
-                # checkpoint or export, or (under --max-restarts) still needs the store that rank 0 hosts.
-                # torchtitan's own loop pauses rank 0 for two seconds instead, on every run.
-                dist.barrier()
+            self._finished = True
 
     def _record_newest_checkpoint(self) -> None:
         """On an interruption, the newest step checkpoint that reads whole, for the launcher's last line (read
@@ -415,6 +412,13 @@ class Qwen3Trainer(Trainer):
 
     def close(self) -> None:
         super().close()
+        if getattr(self, "_finished", False) and dist.is_initialized() and dist.get_world_size() > 1:
+            # Every rank of a run that finished leaves together, once its own closing is done (an asynchronous
+            # save written, the loggers flushed): none tears its process group down, or exits and closes its
+            # connections, while another still writes its last checkpoint or export, still closes, or (under
+            # --max-restarts) still needs the store that rank 0 hosts. torchtitan's own loop pauses rank 0 for two
+            # seconds instead, on every run. A run that failed does not wait here for ranks that may be gone.
+            dist.barrier()
         # The process ends after this: torchtitan's entry tears the process group down and returns. Python's
         # collection of the whole heap at exit (torch's, transformers' and inductor's module graphs) then costs
         # about 1.3 s per rank and frees nothing the operating system does not. Frozen, the heap is skipped;
