@@ -30,6 +30,15 @@ from torchtitan.config import Configurable
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 from qwen3_titan_common.protocols.rehearsal import RehearsalReport
+from qwen3_titan_common.train.memory_check import (
+    does_not_fit,
+    estimate_rank0,
+    estimated_capacity_factor,
+    fit_line,
+    largest_fitting_batch,
+    rank_memory_of,
+    with_full_recomputation,
+)
 
 # Ranks per node tried for a job whose nodes count their own devices: the checks lay it out at the smallest
 # count its parallel degrees allow; a count the cluster's nodes cannot give fails there.
@@ -126,13 +135,6 @@ class Rehearsal(Configurable):
 
         from qwen3_titan_common.perf.memory import local_numel
         from qwen3_titan_common.perf.precision import default_compute_precision, precision_line
-        from qwen3_titan_common.train.memory_check import (
-            does_not_fit,
-            estimate_rank0,
-            estimated_capacity_factor,
-            fit_line,
-            rank_memory_of,
-        )
 
         plan, say = self.config, self.report.say
         config, pending = checked_config(self.trainer_config, self.trainer)
@@ -209,15 +211,6 @@ class Rehearsal(Configurable):
         run that names no batch gets the largest that fits, up to its config's; one whose batch fits only with
         its activations recomputed, and that chooses no activation checkpointing, gets
         ``activation-checkpoint:full``. The result is the torchtitan arguments that set either."""
-        from qwen3_titan_common.train.memory_check import (
-            does_not_fit,
-            estimate_rank0,
-            fit_line,
-            largest_fitting_batch,
-            rank_memory_of,
-            with_full_recomputation,
-        )
-
         plan, say = self.config, self.report.say
         config, _ = checked_config(self.trainer_config, self.trainer)
         job, estimate = estimate_rank0(plan, config, plan.job_device)
