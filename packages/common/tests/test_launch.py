@@ -317,3 +317,22 @@ def test_a_rehearsal_that_fails_inside_is_one_line_and_its_output_on_request(tmp
         assert "RuntimeError: a bug in the config function" in line
         assert ("Traceback (most recent call last)" in out.err) == (shown == "1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["failing_backend"]  # nothing written
+
+
+def test_a_rehearsal_set_by_hand_is_refused_before_it_lays_anything_out():
+    """--rehearsal.mode is the launcher's: without its report file and torchtitan's fake process group, a rank
+    would lay the job out on real process groups and say nothing."""
+    from qwen3_titan_common.assets import default_architecture
+    from qwen3_titan_common.errors import UserInputError
+    from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
+    from qwen3_titan_common.train.config_functions import BackendConfigs
+    from qwen3_titan_common.train.rehearsal import Rehearsal
+
+    config = BackendConfigs("hand", titan_qwen3_model_spec).tiny(default_architecture(), "debug")
+    assert config.rehearsal.mode == ""  # a config function builds a run, not a rehearsal
+    config.rehearsal = Rehearsal.Config(mode="dry_run")
+    with pytest.raises(UserInputError, match=r"^--rehearsal.mode dry_run: the train launcher sets it"):
+        config.build()
+    config.rehearsal = Rehearsal.Config(mode="dry_run", report="report.jsonl")  # still not the fake backend
+    with pytest.raises(UserInputError, match="--comm.mode fake_backend"):
+        config.build()

@@ -78,6 +78,12 @@ class Rehearsal(Configurable):
             return setting in self.named.split(",")
 
     def __init__(self, config: Config, *, trainer_config: Any, trainer: type):
+        if not config.report or trainer_config.comm.mode != "fake_backend":
+            # Set by hand, it would lay the job out on real process groups and say nothing.
+            raise UserInputError(
+                f"--rehearsal.mode {config.mode}: the train launcher sets it, with the rehearsal's --rehearsal.report "
+                "and --comm.mode fake_backend; run train --dry-run instead"
+            )
         self.config = config
         self.trainer_config = trainer_config
         self.trainer = trainer  # the class the config would build, whose checks a rank runs
