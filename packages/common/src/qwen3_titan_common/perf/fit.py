@@ -3,7 +3,7 @@
 A rank's memory by device kind: a CPU rank shares the host's available memory (``MemAvailable``) with the
 node's other ranks; a CUDA rank has its GPU's free memory (queried); a Trainium2 logical NeuronCore at the
 default LNC=2 has a quarter of its chip's 96 GiB (trn2.48xlarge: 16 chips, 64 logical cores), before the
-Neuron runtime's own share. The estimate (``launcher.dry_run``) is a planning figure, so the verdict is
+Neuron runtime's own share. The estimate (``train.rehearsal``) is a planning figure, so the verdict is
 "does not fit" only above the memory, and "near the limit" above 90% of it.
 """
 

@@ -1,7 +1,7 @@
 """A rank's peak memory in a training step, estimated before launch by torch's own memory tracker.
 
 The job's model, built and sharded as its rank 0 builds it (on torchtitan's fake process group, see
-``launcher.dry_run``), takes a training step on fake tensors: shapes, dtypes and devices, no storage and no
+``train.rehearsal``), takes a training step on fake tensors: shapes, dtypes and devices, no storage and no
 arithmetic, so a 30B shape costs seconds. Torch's FSDP memory tracker (``compat.step_memory_tracker``;
 torchtitan's own estimator used it until it was removed) follows every tensor the step creates and frees, and
 reports the peak by kind: sharded parameters and gradients, the optimizer's state, activations and the
