@@ -116,6 +116,7 @@ def checks_in_process(backend, argv: list[str]) -> int:
     from qwen3_titan_common.launcher.launch import check_names, run, settle_before_torchrun
     from qwen3_titan_common.launcher.plan import plan_launch
     from qwen3_titan_common.train.dump_lock import hold_in_rank
+    from qwen3_titan_common.train.rehearsal import rank0_environment
     from qwen3_titan_common.train.trainer import Qwen3Trainer
 
     from qwen3_titan_testing.fake_rank import parse_as_rank
@@ -133,10 +134,7 @@ def checks_in_process(backend, argv: list[str]) -> int:
     # Rank 0 of the planned job: its command line and torchrun's variables.
     program, sys.argv = sys.argv, ["torchtitan/train.py", *plan.titan_args()]
     saved = dict(os.environ)
-    os.environ.update(
-        {"WORLD_SIZE": str(plan.world_size), "LOCAL_WORLD_SIZE": str(plan.nproc_per_node), "RANK": "0",
-         "LOCAL_RANK": "0"}
-    )  # fmt: skip
+    os.environ.update(rank0_environment(plan.world_size, plan.nproc_per_node))
     try:
         config = parse_as_rank(plan)
         if isinstance(config, Qwen3Trainer.Config):

@@ -38,13 +38,12 @@ def parse_as_rank(plan, extra_flags: tuple[str, ...] = ()):
 def as_fake_rank(plan):
     """This process as rank 0 of ``plan`` on torchtitan's fake process group, and as it was afterwards."""
     import torch.distributed as dist
+    from qwen3_titan_common.train.rehearsal import rank0_environment
 
     saved = dict(os.environ)
-    world = str(plan.world_size)
     os.environ.update(
-        {"NGPU": world, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": str(plan.nproc_per_node), "RANK": "0",
-         "LOCAL_RANK": "0", "QWEN3_TITAN_DEVICE": "cpu"}
-    )  # fmt: skip
+        {**rank0_environment(plan.world_size, plan.nproc_per_node), "QWEN3_TITAN_DEVICE": "cpu"}
+    )
     try:
         yield
     finally:

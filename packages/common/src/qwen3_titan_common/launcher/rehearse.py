@@ -33,7 +33,8 @@ BATCH_FLAGS = ("--training.local_batch_size", "--training.global_batch_size")
 # Hugging Face weights from this size up are "real size": a launch estimates their memory before torchrun
 # (about 5-30 s); smaller ones (the tests' and the embedded model) start at once.
 REAL_SIZE_BYTES = 10**9
-# The environment of a rank that the rehearsal sets itself from its config: one inherited would misplace it.
+# Not passed on to the rehearsal: a rank's placement, which it sets itself from its config (one inherited would
+# misplace it), and torchrun's restart count (a rank's user error would stop its parent, here the launcher).
 _RANK_ENV = ("NGPU", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_MAX_RESTARTS")
 
 
@@ -59,7 +60,7 @@ class PlannedJob(Protocol):
 
 
 def rehearse(plan: PlannedJob, mode: str, *, nproc_per_node: int | None = None) -> dict:
-    """Rank 0 of ``plan`` rehearsed in ``mode`` (``protocols.rehearsal.MODES``), its lines shown as it says them:
+    """Rank 0 of ``plan`` rehearsed in ``mode`` (``Rehearsal.Config.mode``), its lines shown as it says them:
     its result. ``nproc_per_node``: ranks per node, if not the plan's (0: the fewest its layout allows). Raises a
     one-line UserInputError for what the job's ranks would refuse, or a RehearsalFailed."""
     flags = plan.flags
@@ -93,8 +94,13 @@ def rehearse(plan: PlannedJob, mode: str, *, nproc_per_node: int | None = None) 
     ]  # fmt: skip
     env = {key: value for key, value in os.environ.items() if key not in _RANK_ENV}
     # The fake process group and meta tensors need no accelerator.
-    env.update({"QWEN3_TITAN_DEVICE": "cpu", "TORCHELASTIC_ERROR_FILE": str(scratch / "error.json")})
-    env[SHOW_TRACEBACK_ENV] = "0"
+    env.update(
+        {
+            "QWEN3_TITAN_DEVICE": "cpu",
+            "TORCHELASTIC_ERROR_FILE": str(scratch / "error.json"),
+            SHOW_TRACEBACK_ENV: "0",
+        }
+    )
     try:
         with open(scratch / "output.log", "w") as output:
             code = _follow(

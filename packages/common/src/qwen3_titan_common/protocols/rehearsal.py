@@ -12,12 +12,8 @@ any rank. Nothing here imports torch: the launcher reads it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-MODES = ("check", "dry_run", "fit")
-"""check: the job's checks, and its layout and batch as rank 0 resolves them; dry_run: that, laid out and sharded,
-with its memory estimate; fit: the estimate against a rank's memory before a launch, and the settings that fit."""
 
 
 @dataclass
@@ -31,7 +27,6 @@ class RehearsalReport:
     """The file a rehearsal rank appends to, and what the launcher has read of it so far."""
 
     path: Path
-    said: list[Said] = field(default_factory=list)
     result: dict | None = None
     _read_bytes: int = 0
 
@@ -63,5 +58,4 @@ class RehearsalReport:
                 self.result = event["result"]
             else:
                 new.append(Said(event["say"], bool(event.get("stderr"))))
-        self.said += new
         return new

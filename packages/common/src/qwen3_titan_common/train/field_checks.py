@@ -45,9 +45,8 @@ class FieldRule:
     item of a list (``optimizer.param_groups.*.optimizer_kwargs.lr``), and a dict's keys are read as fields."""
     fine: Callable[[Any], bool]
     expected: str
-    unset_is_fine: bool = (
-        False  # a field that need not be there (an optimizer's keyword, a section of another trainer)
-    )
+    unset_is_fine: bool = False
+    """The field need not be there (an optimizer's keyword, a section of another trainer's config)."""
 
     def check(self, config) -> None:
         for flag, value in _values(config, self.path.split(".")):

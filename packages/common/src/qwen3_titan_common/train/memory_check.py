@@ -345,8 +345,8 @@ def rank_memory_of(plan, device: str | None = None):
 
 def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory]:
     """Rank 0 of ``plan`` on torchtitan's fake process group (initialised here; the caller destroys it): its model
-        and its step's memory at the config's batch. The process must be rank 0 of the job already (its environment as
-    torchrun's, NGPU for torchtitan's fake process group)."""
+    and its step's memory at the config's batch. The process must be rank 0 of the job already
+    (``train.rehearsal.rank0_environment``)."""
     from torchtitan.tools import utils as titan_utils
 
     from qwen3_titan_common.perf.memory import process_baseline_bytes, weights_read_bytes

@@ -3,8 +3,7 @@
 Every rank runs :func:`check_run` at the start of ``Qwen3Trainer.__init__``, before torchtitan initialises
 distributed, creates the dump folder or reads a weight, so the upstream ``torchrun ... -m torchtitan.train`` form
 fails the same way; the launcher's rehearsal of rank 0 (``--dry-run``, the fit check: ``train.rehearsal``) runs it
-too. None
-of these checks writes anything; each failure is one line naming the flag, file or record.
+too. None of these checks writes anything; each failure is one line naming the flag, file or record.
 """
 
 from __future__ import annotations

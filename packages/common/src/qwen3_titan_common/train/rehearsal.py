@@ -46,13 +46,28 @@ _NODE_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 RECOMPUTE = "activation-checkpoint:full"
 
 
+def rank0_environment(world_size: int, nproc_per_node: int) -> dict[str, str]:
+    """The environment torchrun gives rank 0 of a job of ``world_size`` ranks, ``nproc_per_node`` on each node, and
+    the NGPU that torchtitan's fake process group reads its size from."""
+    world = str(world_size)
+    return {
+        "NGPU": world,
+        "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": str(nproc_per_node),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+    }
+
+
 class Rehearsal(Configurable):
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         """Set by the ``train`` launcher when it rehearses a job (``launcher.rehearse``); empty in a real run."""
 
         mode: Literal["", "check", "dry_run", "fit"] = ""
-        """What to rehearse (``protocols.rehearsal.MODES``); empty: train."""
+        """What to rehearse. check: the job's checks, and its layout and batch as rank 0 resolves them; dry_run:
+        that, laid out and sharded, with its memory estimate; fit: the estimate against a rank's memory before a
+        launch, and the settings that fit. Empty: train."""
         report: str = ""
         """The file the rehearsal says its lines and its result in (``protocols.rehearsal.RehearsalReport``)."""
         nnodes: int = 1
@@ -96,20 +111,11 @@ class Rehearsal(Configurable):
         with rank_errors(lambda: self.trainer_config):
             if self.config.nproc_per_node == 0:
                 self.config = dataclasses.replace(self.config, nproc_per_node=self._fewest_ranks_per_node())
-            self._as_rank0()
+            os.environ.update(rank0_environment(self.config.world_size, self.config.nproc_per_node))
             {"check": self._check, "dry_run": self._dry_run, "fit": self._fit}[self.config.mode]()
 
     def close(self) -> None:
         pass
-
-    def _as_rank0(self) -> None:
-        """This process as rank 0 of the planned job, as torchrun would start it (torchtitan's fake process group
-        reads its size from NGPU)."""
-        world = str(self.config.world_size)
-        os.environ.update(
-            {"NGPU": world, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": str(self.config.nproc_per_node),
-             "RANK": "0", "LOCAL_RANK": "0"}
-        )  # fmt: skip
 
     def _fewest_ranks_per_node(self) -> int:
         parallelism = self.trainer_config.parallelism
@@ -122,17 +128,15 @@ class Rehearsal(Configurable):
         return _NODE_SIZES[-1]
 
     def _check(self) -> None:
-        config, pending = checked_config(self.trainer_config, self.trainer)
+        config, _ = checked_config(self.trainer_config, self.trainer)
         layout = resolve_layout(config.parallelism, self.config.world_size)
         training = config.training
         self.report.found(
             layout=dataclasses.asdict(layout),
-            nproc_per_node=self.config.nproc_per_node,
             local_batch=training.local_batch_size,
             global_batch=training.global_batch_size,
             seq_len=training.seq_len,
             layers=config.architecture.num_hidden_layers if config.architecture is not None else None,
-            pending=pending,
         )
 
     def _dry_run(self) -> None:
@@ -144,10 +148,7 @@ class Rehearsal(Configurable):
 
         plan, say = self.config, self.report.say
         config, pending = checked_config(self.trainer_config, self.trainer)
-        try:
-            layout = resolve_layout(config.parallelism, plan.world_size)
-        except LayoutError as err:
-            raise UserInputError(str(err)) from None
+        layout = resolve_layout(config.parallelism, plan.world_size)  # checked already (check_run)
         say(f"[dry-run] layout: {layout.describe()}")
         # The dry run lays the job out on this machine's CPU. A job planned for another device kind
         # (--memory-per-rank trn2|h100|h200) computes in that device's default precision unless the command names
@@ -208,7 +209,7 @@ class Rehearsal(Configurable):
             say(f"[dry-run] layout ok: {ranks}; the run needs what is listed above first")
         else:
             say(f"[dry-run] ok: {ranks}")
-        self.report.found(pending=pending)
+        self.report.found()
 
     def _fit(self) -> None:
         """For a job on this machine whose memory matters (the launcher asks for real-size weights, where a step

@@ -412,7 +412,7 @@ class Qwen3Trainer(Trainer):
 
     def close(self) -> None:
         super().close()
-        if getattr(self, "_finished", False) and dist.is_initialized() and dist.get_world_size() > 1:
+        if self._finished and dist.is_initialized() and dist.get_world_size() > 1:
             # Every rank of a run that finished leaves together, once its own closing is done (an asynchronous
             # save written, the loggers flushed): none tears its process group down, or exits and closes its
             # connections, while another still writes its last checkpoint or export, still closes, or (under
