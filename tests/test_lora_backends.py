@@ -61,12 +61,12 @@ def test_two_ranks_train_an_adapter_that_peft_loads(tmp_path, backend):
         assert "[lora] Qwen3-MoE: gate_proj,up_proj,down_proj not adapted" in log
         assert not [k for k in load_file(adapter_dir / "adapter_model.safetensors") if "mlp" in k]
 
-    trained, resolve_run_config = load_trained_model(
+    trained, run_config = load_trained_model(
         ["--module", module, "--config", config, *flags], tmp_path / "out" / "checkpoint" / f"step-{STEPS}",
         with_config=True,
     )  # fmt: skip
     base = load_file(source / "model.safetensors")
-    to_hf = resolve_run_config.model_spec.state_dict_adapter(resolve_run_config.model_spec.model, None).to_hf
+    to_hf = run_config.model_spec.state_dict_adapter(run_config.model_spec.model, None).to_hf
     in_hf = to_hf({k: v for k, v in trained.state_dict().items() if adapter_key(k) is None})
     assert in_hf.keys() == base.keys()
     assert all(torch.equal(in_hf[key], tensor) for key, tensor in base.items())  # the base never moved

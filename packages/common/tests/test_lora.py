@@ -4,7 +4,6 @@ Fast tests on tiny models built here (real transformers, real peft, real safeten
 through the launcher are in the backends' tests (``test_lora_train.py``) and ``tests/test_lora_backends.py``.
 """
 
-import dataclasses
 import json
 
 import peft
@@ -35,7 +34,7 @@ from qwen3_titan_common.models.lora import (
 )
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_spec
 from qwen3_titan_common.perf.optimizer_state import describe_trainable, optimizer_state_bytes
-from qwen3_titan_common.train.lora import LoRAOptions, check_lora_options
+from qwen3_titan_common.train.lora import LoRAOptions, check_lora_layout
 from qwen3_titan_common.train.tolerance import ModelBounds
 from qwen3_titan_testing.checkpoints import make_tiny_checkpoint
 from torchtitan.config import ParallelismConfig
@@ -209,6 +208,20 @@ def test_bad_adapter_directories_get_one_line(tmp_path):
     (out / ADAPTER_CONFIG).write_text(json.dumps({**config, "target_modules": ".*proj"}))
     with pytest.raises(CheckpointError, match=r"target_modules '.\*proj'; expected a list"):
         open_adapter_dir(out)
+    # Values the --lora.* flags would refuse, named in the file they come from (they replace the flags').
+    for key, value, message in [
+        (
+            "target_modules",
+            ["q_proj", "embed_tokens"],
+            r"target_modules names embed_tokens; expected Qwen3 projections",
+        ),
+        ("r", 0, r"adapter_config.json: r 0; expected a positive rank"),
+        ("lora_alpha", -1.0, r"adapter_config.json: lora_alpha -1.0; expected a positive number"),
+        ("lora_dropout", 1.0, r"adapter_config.json: lora_dropout 1.0; expected a probability in \[0, 1\)"),
+    ]:
+        (out / ADAPTER_CONFIG).write_text(json.dumps({**config, key: value}))
+        with pytest.raises(CheckpointError, match=message):
+            open_adapter_dir(out)
     (out / ADAPTER_WEIGHTS).write_bytes(b"not safetensors")
     (out / ADAPTER_CONFIG).write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"adapter_model.safetensors: not a readable safetensors file"):
@@ -216,20 +229,27 @@ def test_bad_adapter_directories_get_one_line(tmp_path):
 
 
 def test_lora_flags_are_checked_in_one_line():
-    def check(**changes):
-        options = dataclasses.replace(LoRAOptions(rank=8), **{k: v for k, v in changes.items() if k != "tp"})
-        check_lora_options(options, ParallelismConfig(tensor_parallel_degree=changes.get("tp", 1)))
-
-    check()
+    """The section checks its own fields as it is parsed; the layout is checked by the run's resolve."""
+    LoRAOptions(rank=8, alpha=1.0, dropout=0.5, targets=["q_proj"])
+    check_lora_layout(ParallelismConfig())
     for changes, message in [
         ({"rank": -1}, r"--lora.rank -1: expected a positive rank"),
-        ({"alpha": 0.0}, r"--lora.alpha 0.0: expected a positive number"),
-        ({"dropout": 1.0}, r"--lora.dropout 1.0: expected a probability in \[0, 1\)"),
-        ({"targets": ["q_proj", "qkv"]}, r"--lora.targets q_proj,qkv: expected some of q_proj,k_proj"),
-        ({"tp": 2}, r"--parallelism.tensor_parallel_degree 2: LoRA runs shard with FSDP2"),
+        ({"rank": 8, "alpha": 0.0}, r"--lora.alpha 0.0: expected a positive number"),
+        ({"rank": 8, "dropout": 1.0}, r"--lora.dropout 1.0: expected a probability in \[0, 1\)"),
+        (
+            {"rank": 8, "targets": ["q_proj", "qkv"]},
+            r"--lora.targets q_proj,qkv: expected some of q_proj,k_proj",
+        ),
+        ({"rank": 8, "targets": []}, r"--lora.targets : expected some of q_proj,k_proj"),
+        ({"merge": True}, r"--lora.merge True: has no effect without --lora.rank R or --lora.adapter DIR"),
+        ({"targets": ["q_proj"]}, r"--lora.targets q_proj: has no effect without --lora.rank R"),
     ]:
         with pytest.raises(UserInputError, match=message):
-            check(**changes)
+            LoRAOptions(**changes)
+    with pytest.raises(
+        UserInputError, match=r"--parallelism.tensor_parallel_degree 2: LoRA runs shard with FSDP2"
+    ):
+        check_lora_layout(ParallelismConfig(tensor_parallel_degree=2))
     assert not LoRAOptions().enabled and LoRAOptions(adapter="x").enabled
     assert LoRAOptions().targets == list(HF_TARGETS)
 

@@ -12,8 +12,8 @@ from qwen3_titan_common.compat import apply_lm_head_in_loss
 from qwen3_titan_common.components.loss import (
     TrainedTokenLoss,
     loss_chunks,
+    loss_on_trained_tokens,
     trained_token_loss_applies,
-    with_trained_token_loss,
 )
 from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
 from qwen3_titan_common.train.tolerance import assert_close_reduction, reduction_atol
@@ -111,35 +111,30 @@ def test_a_batch_without_trained_tokens_has_zero_loss_and_gradient():
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
 
 
-def test_it_applies_on_the_cpu_with_whole_hidden_states_and_leaves_other_losses(monkeypatch):
-    from torchtitan.config import TrainingConfig
-    from torchtitan.tools import utils as titan_utils
-    from torchtitan.trainer import Trainer
+def test_it_applies_on_the_cpu_with_whole_hidden_states_and_leaves_other_losses():
+    from torchtitan.config import ParallelismConfig
 
-    # CUDA graphs off, as on a CPU (torchtitan refuses them with pipeline parallelism when it parses a config).
-    config = Trainer.Config(
-        loss=CrossEntropyLoss.Config(global_vocab_size=4096),
-        training=TrainingConfig(disable_cuda_graphs=True),
-    )
-    assert trained_token_loss_applies(config)
-    wrapped = with_trained_token_loss(config)
-    assert isinstance(wrapped.loss, TrainedTokenLoss.Config) and wrapped.loss.loss_fn is config.loss
-    assert with_trained_token_loss(wrapped) is wrapped  # not wrapped twice
+    plain, one = CrossEntropyLoss.Config(global_vocab_size=4096), ParallelismConfig()
+
+    def resolved(loss, device_type="cpu", **degrees):
+        parallelism = dataclasses.replace(one, **degrees)
+        return loss_on_trained_tokens(loss, parallelism=parallelism, seq_len=2048, device_type=device_type)
+
+    assert trained_token_loss_applies(one, "cpu")
+    wrapped = resolved(plain)
+    assert isinstance(wrapped, TrainedTokenLoss.Config) and wrapped.loss_fn is plain
+    assert resolved(wrapped) is wrapped  # not wrapped twice
     # Context parallelism gives each rank whole tokens of its own: the trained ones are selected there too.
-    split = dataclasses.replace(
-        config, parallelism=dataclasses.replace(config.parallelism, context_parallel_degree=2)
-    )
-    assert isinstance(with_trained_token_loss(split).loss, TrainedTokenLoss.Config)
+    assert isinstance(resolved(plain, context_parallel_degree=2), TrainedTokenLoss.Config)
     # Hidden states split along the vocabulary or in stages, or another device: torchtitan's chunked loss along
     # the rows, in chunks that split a rank's rows equally (2048 tokens: 8; under CP 2 too).
     for field in ("tensor_parallel_degree", "pipeline_parallel_degree"):
-        sharded = dataclasses.replace(
-            config, parallelism=dataclasses.replace(config.parallelism, **{field: 2})
-        )
-        chunked = with_trained_token_loss(sharded).loss
-        assert type(chunked) is ChunkedLossWrapper.Config and chunked.loss_fn is config.loss, field
+        assert not trained_token_loss_applies(dataclasses.replace(one, **{field: 2}), "cpu")
+        chunked = resolved(plain, **{field: 2})
+        assert type(chunked) is ChunkedLossWrapper.Config and chunked.loss_fn is plain, field
         assert chunked.num_chunks == 8
-    monkeypatch.setattr(titan_utils, "device_type", "cuda")
-    chunked = with_trained_token_loss(config).loss
-    assert type(chunked) is ChunkedLossWrapper.Config and chunked.loss_fn is config.loss
+    assert not trained_token_loss_applies(one, "cuda")
+    chunked = resolved(plain, "cuda", context_parallel_degree=2)
+    assert type(chunked) is ChunkedLossWrapper.Config and chunked.loss_fn is plain
+    assert chunked.num_chunks == 8  # a CP rank's 1024 tokens
     assert [loss_chunks(n) for n in (2048, 100, 7, 1)] == [8, 5, 7, 1]

@@ -1089,38 +1089,41 @@ def test_dpo_with_context_parallelism_over_flex_attention():
     CPU cannot choose it.)"""
     import dataclasses
 
-    from qwen3_titan_common.components.preference import with_preference_loss
+    from qwen3_titan_common.components.preference import loss_and_data_for_preference
     from qwen3_titan_common.errors import UserInputError
     from qwen3_titan_common.models.qwen3 import titan_qwen3_model_config
     from qwen3_titan_native.config_registry import debug
 
     config = debug()
     flex = titan_qwen3_model_config(config.architecture, attention="flex")
-    config = dataclasses.replace(
-        config,
-        objective="dpo",
-        model_spec=dataclasses.replace(config.model_spec, model=flex),
-        parallelism=dataclasses.replace(config.parallelism, context_parallel_degree=2),
-    )
     with pytest.raises(
         UserInputError, match="--parallelism.context_parallel_degree 2: --objective dpo shares rows"
     ):
-        with_preference_loss(config, "cuda")
+        loss_and_data_for_preference(
+            config.loss, config.dataloader, config.dpo, objective="dpo", moe=config.moe,
+            parallelism=dataclasses.replace(config.parallelism, context_parallel_degree=2), model_config=flex,
+            device_type="cuda",
+        )  # fmt: skip
 
 
 def test_dpo_on_neuron_takes_fixed_shapes_and_refuses_them_off():
     """Neuron compiles a graph per input shape: preference training there has every tensor of its loss shaped
     by the rows alone (``auto``), and ``--dpo.fixed_shapes off`` is one line. (Neuron's device type is passed in:
     this machine has none; the fixed-shape loss itself runs here, ``test_dpo_train.py``.)"""
-    import dataclasses
 
-    from qwen3_titan_common.components.preference import PreferenceOptions, with_preference_loss
+    from qwen3_titan_common.components.preference import PreferenceOptions, loss_and_data_for_preference
     from qwen3_titan_common.errors import UserInputError
     from qwen3_titan_native.config_registry import debug
 
-    config = dataclasses.replace(debug(), objective="dpo")
-    assert with_preference_loss(config, "neuron").loss.fixed_shapes
-    assert not with_preference_loss(config, "cpu").loss.fixed_shapes
-    off = dataclasses.replace(config, dpo=PreferenceOptions(fixed_shapes="off"))
+    config = debug()
+
+    def loss(options, device_type):
+        return loss_and_data_for_preference(
+            config.loss, config.dataloader, options, objective="dpo", moe=config.moe,
+            parallelism=config.parallelism, model_config=config.model_spec.model, device_type=device_type,
+        )[0]  # fmt: skip
+
+    assert loss(config.dpo, "neuron").fixed_shapes
+    assert not loss(config.dpo, "cpu").fixed_shapes
     with pytest.raises(UserInputError, match="--dpo.fixed_shapes off: the loss would select each batch's"):
-        with_preference_loss(off, "neuron")
+        loss(PreferenceOptions(fixed_shapes="off"), "neuron")

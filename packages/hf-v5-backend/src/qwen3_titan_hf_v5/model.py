@@ -78,7 +78,7 @@ class HFCausalLM(BaseModel):
 
         token_dispatcher: BaseEPTokenDispatcher.Config | None = None
         """A Qwen3-MoE's token exchange under expert parallelism (``expert_parallel.py``): torchtitan's
-        all-to-all, replaced by ours off CUDA (common's ``with_expert_exchange``); None for a dense model."""
+        all-to-all, replaced by ours off CUDA (common's ``model_with_expert_exchange``); None for a dense model."""
 
         def with_routing_recorded(self) -> HFCausalLM.Config:
             """This config with the routing of each training forward kept (``models.routing``)."""

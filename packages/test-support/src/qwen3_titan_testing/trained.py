@@ -1,7 +1,7 @@
 """The model a ``train`` run trained, read back from one of its step checkpoints in this process.
 
 Built as the run's ranks build it (the config function and flags through torchtitan's
-``ConfigManager``, the architecture of ``--hf.model_dir``, ``--lora.*`` through ``with_lora``, the
+``ConfigManager``, the architecture of ``--hf.model_dir``, ``--lora.*`` through ``LoRASetup``, the
 config's ``@override`` factories), on the CPU in fp32 and unsharded, then filled from the step
 checkpoint with torch's DCP reader: what tests compare exports against.
 """
@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from qwen3_titan_common.arch.architecture import read_architecture
 from qwen3_titan_common.hf.start import absolute
-from qwen3_titan_common.train.lora import with_lora
+from qwen3_titan_common.train.lora import LoRASetup
 from torchtitan.config import ConfigManager, apply_overrides
 
 
@@ -31,7 +31,15 @@ def load_trained_model(args: list[str], step_dir: Path, *, with_config: bool = F
     config = dataclasses.replace(
         config, architecture=arch, model_spec=config.model_spec_builder(arch, config.model_spec.flavor)
     )
-    config = with_lora(config)
+    lora = LoRASetup.resolve(
+        config.lora,
+        parallelism=config.parallelism,
+        architecture=arch,
+        model_dir=config.hf.model_dir,
+        resuming=False,
+    )
+    if lora is not None:
+        config = dataclasses.replace(config, model_spec=lora.model_spec(config.model_spec), lora=lora.options)
     model_config = config.model_spec.model
     model_config.update_from_config(config=config)
     if config.override.imports:

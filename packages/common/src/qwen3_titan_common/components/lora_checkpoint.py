@@ -1,7 +1,7 @@
 """The checkpoint manager of a LoRA run: adapters out and in, and the merged model on request.
 
 ``LoRACheckpointManager`` is :class:`Qwen3CheckpointManager` (step checkpoints, the disk check, the
-Hugging Face export) plus a :class:`LoRAExportPlan`, put in place by ``train.lora.with_lora``:
+Hugging Face export) plus a :class:`LoRAExportPlan`, put in place by ``train.lora.LoRASetup``:
 
 - ``export_hf(step)``, called by the trainer at ``--hf.export_interval`` and at the end, writes the
   adapters to ``<export dir>/adapter-step-N`` in peft's format (``hf/adapter.py``); with
@@ -109,7 +109,7 @@ class LoRACheckpointManager(Qwen3CheckpointManager):
     @dataclass(kw_only=True, slots=True)
     class Config(Qwen3CheckpointManager.Config):
         lora: Annotated[LoRAExportPlan | None, tyro.conf.Suppress] = None
-        """Set by ``train.lora.with_lora`` from --lora.*."""
+        """Set by ``train.lora.LoRASetup`` from --lora.*."""
 
     def __init__(self, config: Config, *, model_parts: list[nn.Module], sd_adapter, states, **kwargs) -> None:
         states = {**states, "rng": RNGState(model_parts[0])}

@@ -14,19 +14,17 @@ chunks' losses and gradients without autocast's fresh buffers of the logits' and
 
 The selection has a shape that depends on the batch: not for Neuron (one graph per shape), CUDA graphs, or
 the layouts whose hidden states are sharded along the vocabulary or split in stages (tensor and pipeline
-parallelism), which take torchtitan's own chunked loss along the rows instead (:func:`with_trained_token_loss`):
+parallelism), which take torchtitan's own chunked loss along the rows instead (:func:`loss_on_trained_tokens`):
 on no layout are the logits at the vocabulary whole.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torchtitan.components.loss import IGNORE_INDEX, ChunkedLossWrapper, CrossEntropyLoss
-from torchtitan.tools import utils as titan_utils
 
 from qwen3_titan_common.perf.precision import compute_autocast
 from qwen3_titan_common.perf.projection import ProjectionCrossEntropy
@@ -84,13 +82,12 @@ class TrainedTokenLoss(ChunkedLossWrapper):
             )
 
 
-def trained_token_loss_applies(config) -> bool:
-    """Whether a run of ``config`` computes its loss on the trained tokens only: on the CPU, with every rank's
-    hidden states whole along the vocabulary and its own share of the rows (no tensor or pipeline parallelism;
-    context parallelism gives a rank whole tokens of its own, with their own labels)."""
-    parallelism = config.parallelism
+def trained_token_loss_applies(parallelism, device_type: str) -> bool:
+    """Whether a run computes its loss on the trained tokens only: on the CPU, with every rank's hidden states
+    whole along the vocabulary and its own share of the rows (no tensor or pipeline parallelism; context
+    parallelism gives a rank whole tokens of its own, with their own labels)."""
     return (
-        titan_utils.device_type == "cpu"
+        device_type == "cpu"
         and parallelism.tensor_parallel_degree == 1
         and parallelism.pipeline_parallel_degree == 1
     )
@@ -102,15 +99,14 @@ def loss_chunks(local_seq_len: int, wanted: int = 8) -> int:
     return max(n for n in range(1, wanted + 1) if local_seq_len % n == 0)
 
 
-def with_trained_token_loss(config):
-    """``config`` with its plain cross-entropy applied chunk by chunk, so that the logits at the vocabulary are
-    never whole (151,936 x 32k tokens would be 20 GB in fp32): on the trained tokens only where that applies
-    (:func:`trained_token_loss_applies`), else torchtitan's :class:`ChunkedLossWrapper` along each rank's rows
-    (fixed shapes, any layout). Any other loss (the router balance loss) is left as it is."""
-    if type(config.loss) is not CrossEntropyLoss.Config:
-        return config
-    if trained_token_loss_applies(config):
-        return dataclasses.replace(config, loss=TrainedTokenLoss.Config(loss_fn=config.loss))
-    local = config.training.seq_len // max(1, config.parallelism.context_parallel_degree)
-    chunked = ChunkedLossWrapper.Config(loss_fn=config.loss, num_chunks=loss_chunks(local))
-    return dataclasses.replace(config, loss=chunked)
+def loss_on_trained_tokens(loss, *, parallelism, seq_len: int, device_type: str):
+    """The loss section with its plain cross-entropy applied chunk by chunk, so that the logits at the
+    vocabulary are never whole (151,936 x 32k tokens would be 20 GB in fp32): on the trained tokens only where
+    that applies (:func:`trained_token_loss_applies`), else torchtitan's :class:`ChunkedLossWrapper` along each
+    rank's rows (fixed shapes, any layout). Any other loss (the router balance loss) is left as it is."""
+    if type(loss) is not CrossEntropyLoss.Config:
+        return loss
+    if trained_token_loss_applies(parallelism, device_type):
+        return TrainedTokenLoss.Config(loss_fn=loss)
+    local = seq_len // max(1, parallelism.context_parallel_degree)
+    return ChunkedLossWrapper.Config(loss_fn=loss, num_chunks=loss_chunks(local))

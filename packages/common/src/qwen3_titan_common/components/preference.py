@@ -548,23 +548,34 @@ class PreferenceLoss(TrainedTokenLoss):
         self._stats = sums if self._stats is None else self._stats + sums
 
 
-def with_preference_loss(config, device_type: str):
-    """``config`` with the DPO loss where ``--objective dpo`` asks for it (``config`` itself otherwise); what
+def loss_and_data_for_preference(
+    loss,
+    dataloader,
+    options: PreferenceOptions,
+    *,
+    objective: str,
+    moe,
+    parallelism,
+    model_config,
+    device_type: str,
+):
+    """The loss and data sections of a preference run where ``--objective dpo`` asks for one (both as they are
+    otherwise): the DPO loss, and the pairs' prompt shared in the rows where the model can read that. What
     preference training does not run with yet is refused in one line."""
     from torchtitan.tools.logging import logger
 
     from qwen3_titan_common.models.attention import uses_document_blocks
 
-    if config.objective != "dpo":
-        return config
-    fixed = config.dpo.fixed_shapes == "on" or (config.dpo.fixed_shapes == "auto" and device_type == "neuron")
+    if objective != "dpo":
+        return loss, dataloader
+    fixed = options.fixed_shapes == "on" or (options.fixed_shapes == "auto" and device_type == "neuron")
     if device_type == "neuron" and not fixed:
         raise UserInputError(
             "--dpo.fixed_shapes off: the loss would select each batch's completion tokens, a shape Neuron compiles "
             "a graph for at every step; use auto or on on Neuron (docs/preference.md)"
         )
-    degree = config.parallelism.context_parallel_degree
-    if degree > 1 and not uses_document_blocks(config.model_spec.model):
+    degree = parallelism.context_parallel_degree
+    if degree > 1 and not uses_document_blocks(model_config):
         # A pair's tokens are found on the CP ranks by our split of the rows (models.context_parallel).
         raise UserInputError(
             f"--parallelism.context_parallel_degree {degree}: --objective dpo shares rows over context-parallel "
@@ -572,7 +583,6 @@ def with_preference_loss(config, device_type: str):
             "Flex or varlen, as on CUDA, whose context parallelism splits rows its own way); use 1 "
             "(docs/preference.md)"
         )
-    moe = config.moe
     if moe.router_aux_loss == "on" or moe.router_aux_loss_coef is not None:
         flag = "--moe.router_aux_loss on" if moe.router_aux_loss == "on" else "--moe.router_aux_loss_coef"
         raise UserInputError(
@@ -580,31 +590,25 @@ def with_preference_loss(config, device_type: str):
         )
     from qwen3_titan_common.components.router_balance import LMLossWithRouterBalance
 
-    if isinstance(config.loss, LMLossWithRouterBalance.Config):
+    if isinstance(loss, LMLossWithRouterBalance.Config):
         logger.info(
             "[dpo] the router balance loss config.json asks for is not added to the preference loss "
             "(--moe.router_aux_loss off says so)"
         )
-    changes: dict[str, Any] = {
-        "loss": PreferenceLoss.Config(options=config.dpo, fixed_shapes=fixed),
-        "dataloader": _with_prompt_layout(config),
-    }
-    shared = getattr(changes["dataloader"], "share_prompt", False)
+    dataloader = _with_prompt_layout(dataloader, options.share_prompt, uses_document_blocks(model_config))
+    shared = getattr(dataloader, "share_prompt", False)
     layout = "prompt computed once per pair" if shared else "each completion with its own copy of the prompt"
     if fixed:
         layout += "; fixed shapes (every token of the rows projected, B x L / 2 pair slots)"
-    logger.info(f"[dpo] preference training: {config.dpo.describe()}; {layout} (--dpo.*)")
-    return dataclasses.replace(config, **changes)
+    logger.info(f"[dpo] preference training: {options.describe()}; {layout} (--dpo.*)")
+    return PreferenceLoss.Config(options=options, fixed_shapes=fixed), dataloader
 
 
-def _with_prompt_layout(config):
-    """The run's loader config with the pairs' prompt shared where ``--dpo.share_prompt`` and the model allow."""
-    from qwen3_titan_common.models.attention import uses_document_blocks
-
-    loader, asked = config.dataloader, config.dpo.share_prompt
+def _with_prompt_layout(loader, asked: str, readable: bool):
+    """The loader section with the pairs' prompt shared where ``--dpo.share_prompt`` (``asked``) and the model's
+    attention (``readable``: ours, which reads a completion continuing its prompt) allow."""
     if not hasattr(loader, "share_prompt") or asked == "off":
         return loader
-    readable = uses_document_blocks(config.model_spec.model)
     if asked == "on" and not readable:
         raise UserInputError(
             "--dpo.share_prompt on: this model's attention (torchtitan's Flex or varlen, or transformers' SDPA mask) "

@@ -193,17 +193,18 @@ def _named_flags(options: MoEOptions) -> list[str]:
     ]
 
 
-def with_router_balance(config, where: str = "config.json"):
-    """The run's config with the balance loss when it is on (``config`` itself when off); one log line
-    for an MoE model says which applies and why. A ``--moe`` flag that cannot act is refused."""
-    options: MoEOptions = config.moe
-    arch = config.architecture
+def loss_with_router_balance(
+    loss, options: MoEOptions, *, architecture, parallelism, where: str = "config.json"
+):
+    """The run's loss section with the balance term where it is on (``loss`` itself where off); one log line
+    for an MoE model says which applies and why. A ``--moe`` flag that cannot act is refused. The model then
+    records its routing for the term to read (:func:`model_recording_routing`)."""
     flags = _named_flags(options)
-    if not arch.is_moe:
+    if not architecture.is_moe:
         if flags:
             raise UserInputError(f"{flags[0]}: this model is dense (no experts, no router); drop the flag")
-        return config
-    source = dict(arch.source)
+        return loss
+    source = dict(architecture.source)
     from_file = source.get("output_router_logits") is True
     on = options.router_aux_loss == "on" or (options.router_aux_loss == "auto" and from_file)
     if not on:
@@ -218,21 +219,14 @@ def with_router_balance(config, where: str = "config.json"):
             else ("as transformers: config.json has no output_router_logits true")
         )
         logger.info(f"[moe] router balance loss off ({why}); --moe.router_aux_loss on adds it")
-        return config
+        return loss
     coefficient, said = _coefficient(options, source, where)
-    parallelism = config.parallelism
     for name in ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"):
         if getattr(parallelism, name, 1) > 1:
             raise UserInputError(
                 f"--parallelism.{name} {getattr(parallelism, name)}: the router balance loss runs with data "
                 "and expert parallelism only; use 1, or --moe.router_aux_loss off"
             )
-    model_config = config.model_spec.model
-    with_recording = getattr(model_config, "with_routing_recorded", None)
-    if with_recording is None:
-        raise UserInputError(
-            f"--moe.router_aux_loss: {type(model_config).__qualname__} does not record its routing"
-        )
     why = (
         "--moe.router_aux_loss on"
         if options.router_aux_loss == "on"
@@ -243,50 +237,57 @@ def with_router_balance(config, where: str = "config.json"):
         f"[moe] router balance loss on ({why}), coefficient {coefficient:g} ({said}), "
         f"{scope.replace('_', '-')} expert loads; the reported loss is the language-model loss"
     )
-    loss = LMLossWithRouterBalance.Config(
-        global_vocab_size=getattr(config.loss, "global_vocab_size", None),
+    return LMLossWithRouterBalance.Config(
+        global_vocab_size=getattr(loss, "global_vocab_size", None),
         coefficient=coefficient,
         scope=scope,
     )
-    spec = dataclasses.replace(config.model_spec, model=with_recording())
-    return dataclasses.replace(config, loss=loss, model_spec=spec)
 
 
-def with_expert_exchange(config, device_type: str):
-    """The run's config with the expert exchange its device runs (``models.ep_dispatch``), said in one log
+def model_recording_routing(model_config):
+    """The model section with each router's choices kept for the balance loss to read (``models.routing``)."""
+    with_recording = getattr(model_config, "with_routing_recorded", None)
+    if with_recording is None:
+        raise UserInputError(
+            f"--moe.router_aux_loss: {type(model_config).__qualname__} does not record its routing"
+        )
+    return with_recording()
+
+
+def model_with_expert_exchange(
+    model_config, options: MoEOptions, *, architecture, parallelism, device_type: str
+):
+    """The model section with the expert exchange its device runs (``models.ep_dispatch``), said in one log
     line: on CUDA torchtitan's all-to-all, on the CPU ours of exactly the routed rows (gloo runs it; nothing
     is dropped), on Neuron the fixed-capacity one (one shape per layer), and that one wherever
     ``--moe.capacity_factor`` asks for it. A capacity without expert parallelism is refused."""
     from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR, with_token_dispatcher
 
-    degree = config.parallelism.expert_parallel_degree
-    factor = config.moe.capacity_factor  # a value no one can mean is refused by the section itself
+    degree = parallelism.expert_parallel_degree
+    factor = options.capacity_factor  # a value no one can mean is refused by the section itself
     if degree <= 1:
         if factor is not None:
             raise UserInputError(
                 f"--moe.capacity_factor {factor}: only expert parallelism has a capacity; add "
                 "--parallelism.expert_parallel_degree N, or drop the flag"
             )
-        return config
-    if not config.architecture.is_moe:
-        return config  # refused by train.preflight, which names the degree
+        return model_config
+    if not architecture.is_moe:
+        return model_config  # refused by train.preflight, which names the degree
     if factor is None and device_type == "cuda":
         logger.info(f"[moe] expert parallel {degree}: torchtitan's all-to-all token exchange")
-        return config
+        return model_config
     if factor is None and device_type != "neuron":
         logger.info(
             f"[moe] expert parallel {degree}: token exchange of exactly the routed rows (none dropped; "
             "--moe.capacity_factor F for Neuron's fixed-capacity exchange)"
         )
     else:
-        never = config.architecture.moe.num_experts / config.architecture.moe.num_experts_per_tok
+        never = architecture.moe.num_experts / architecture.moe.num_experts_per_tok
         factor = DEFAULT_CAPACITY_FACTOR if factor is None else factor
         logger.info(
             f"[moe] expert parallel {degree}: fixed-capacity token exchange, {factor:g}x a balanced load per "
             f"expert (--moe.capacity_factor; {never:g} or more drops no token); dropped tokens are counted in "
             "the step line"
         )
-    spec = dataclasses.replace(
-        config.model_spec, model=with_token_dispatcher(config.model_spec.model, factor)
-    )
-    return dataclasses.replace(config, model_spec=spec)
+    return with_token_dispatcher(model_config, factor)

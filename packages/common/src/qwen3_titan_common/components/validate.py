@@ -14,7 +14,7 @@ the metrics processor (``Qwen3Metrics.log_validation``: the line and TensorBoard
   than a run without it, or than a run resumed from the checkpoint saved just before it;
 - bad values (``--validator.freq 0``) are one-line errors instead of assertions.
 
-:func:`with_validation_data` resolves where the data comes from once the training data is known.
+:func:`data_for_validation` resolves where the data comes from once the training data is known.
 """
 
 from __future__ import annotations
@@ -129,26 +129,20 @@ def _cuda_devices_in_use() -> list[int]:
     return []
 
 
-def with_validation_data(config):
-    """``config`` with the validator's data resolved against the training data (and the training data's
-    held-out share made explicit where validation reads it), logged in one line; unchanged when validation
-    is off or uses another validator."""
-    validator = config.validator
+def data_for_validation(validator, dataloader, *, parallelism, training):
+    """The validator and training data sections with the validator's data resolved against the training data
+    (and the training data's held-out share made explicit where validation reads it), logged in one line; both
+    as they are when validation is off or uses another validator."""
     if not validator.enable or not isinstance(validator, Qwen3Validator.Config):
-        return config
-    train_data, val_data, source = choose_validation_data(config.dataloader, validator.dataloader)
-    parallelism = config.parallelism
+        return validator, dataloader
+    train_data, val_data, source = choose_validation_data(dataloader, validator.dataloader)
     if parallelism.pipeline_parallel_degree > 1:
-        microbatches = config.training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
+        microbatches = training.local_batch_size // parallelism.pipeline_parallel_microbatch_size
         val_data = dataclasses.replace(val_data, microbatches=max(1, microbatches))
-    steps = config.training.steps
+    steps = training.steps
     batches = "all of it" if validator.steps == -1 else f"at most {validator.steps} batches"
     logger.info(
         f"[validation] {source}: {batches} at step 1, every {validator.freq} steps and at step {steps} "
         "(--validator.*)"
     )
-    return dataclasses.replace(
-        config,
-        dataloader=train_data,
-        validator=dataclasses.replace(validator, dataloader=val_data, last_step=steps),
-    )
+    return dataclasses.replace(validator, dataloader=val_data, last_step=steps), train_data

@@ -30,7 +30,7 @@ from qwen3_titan_common.arch.architecture import Qwen3Architecture
 from qwen3_titan_common.errors import CheckpointError
 from qwen3_titan_common.hf.expected_keys import expected_hf_shapes
 from qwen3_titan_common.hf.export import _replace_dir, check_free_space, write_export_marker
-from qwen3_titan_common.models.lora import LoRAParams
+from qwen3_titan_common.models.lora import HF_TARGETS, LoRAParams
 
 # peft.utils.CONFIG_NAME and SAFETENSORS_WEIGHTS_NAME, spelled out (a test checks them against peft's)
 # so that importing this module does not import peft, which costs seconds a run without LoRA would pay.
@@ -243,6 +243,20 @@ def open_adapter_dir(path: str | os.PathLike, flag: str = "--lora.adapter") -> A
     if not isinstance(targets, list | set | tuple) or not targets:
         raise CheckpointError(
             f"{config_file}: target_modules {targets!r}; expected a list of projection names"
+        )
+    unknown = sorted(str(t) for t in targets if t not in HF_TARGETS)
+    if unknown:
+        raise CheckpointError(
+            f"{config_file}: target_modules names {unknown[0]}; expected Qwen3 projections ({','.join(HF_TARGETS)})"
+        )
+    # What --lora.* would refuse as flags, refused here naming the file (its values replace the flags').
+    if isinstance(config.r, bool) or not isinstance(config.r, int) or config.r < 1:
+        raise CheckpointError(f"{config_file}: r {config.r!r}; expected a positive rank")
+    if not isinstance(config.lora_alpha, int | float) or not config.lora_alpha > 0:
+        raise CheckpointError(f"{config_file}: lora_alpha {config.lora_alpha!r}; expected a positive number")
+    if not isinstance(config.lora_dropout, int | float) or not 0 <= config.lora_dropout < 1:
+        raise CheckpointError(
+            f"{config_file}: lora_dropout {config.lora_dropout!r}; expected a probability in [0, 1)"
         )
     try:
         with safe_open(str(weights), framework="pt") as f:

@@ -146,18 +146,18 @@ def uses_document_blocks(model_config) -> bool:
     return document_attention_of(model_config) is not None
 
 
-def with_document_context_parallel(config):
-    """``config`` set up for context parallelism over our attention, where it asks for CP (else itself).
+def parallelism_for_document_cp(parallelism, *, model_config, seq_len: int):
+    """The parallelism section set up for context parallelism over our attention, where it asks for CP (else
+    itself).
 
     The CP split is ours (the trainer's and validator's ``post_dataloading_process``) and the gather is the
     attention's own, so the model is parallelised on torchtitan's ``partial_dtensor`` path
     (``models.context_parallel.parallelize_decoder``): its default ``spmd_types`` path refuses context
     parallelism for any attention but Flex."""
-    parallelism = config.parallelism
-    attention = document_attention_of(config.model_spec.model)
-    degree, seq_len = parallelism.context_parallel_degree, config.training.seq_len
+    attention = document_attention_of(model_config)
+    degree = parallelism.context_parallel_degree
     if degree <= 1 or attention is None or seq_len % (2 * degree):
-        return config  # a row that does not split is refused by the run's checks (train.preflight)
+        return parallelism  # a row that does not split is refused by the run's checks (train.preflight)
     logger.info(
         f"[layout] context parallel {degree}: each row of {seq_len} tokens in {2 * degree} chunks of "
         f"{chunk_size(seq_len, degree)}, CP rank r holding chunks r and {2 * degree - 1}-r; keys and values "
@@ -165,7 +165,5 @@ def with_document_context_parallel(config):
         f"{block_size_for(seq_len, degree, attention.block_size)}"
     )
     if parallelism.spmd_backend == "partial_dtensor":
-        return config
-    return dataclasses.replace(
-        config, parallelism=dataclasses.replace(parallelism, spmd_backend="partial_dtensor")
-    )
+        return parallelism
+    return dataclasses.replace(parallelism, spmd_backend="partial_dtensor")

@@ -10,7 +10,7 @@
     --lora.adapter DIR     start the adapters from a peft adapter directory (its rank, alpha and
                            target modules apply); ignored when the run resumes from a step checkpoint
 
-:func:`with_lora` turns a run's config into a LoRA run's before torchtitan builds anything: the model
+:class:`LoRASetup` turns a run's config into a LoRA run's before torchtitan builds anything: the model
 spec's config goes through the LoRA converter (``models.lora``: adapters, base frozen; a backend's
 model may add its own, as hf-v5's does with peft), its state-dict adapter reads and writes base
 checkpoints with the adapters left out, and the checkpoint manager becomes
@@ -28,7 +28,7 @@ from torchtitan.tools.logging import logger
 from qwen3_titan_common.components.lora_checkpoint import LoRACheckpointManager, LoRAExportPlan
 from qwen3_titan_common.errors import UserInputError
 from qwen3_titan_common.hf.adapter import check_adapter_shapes, expected_adapter_shapes, open_adapter_dir
-from qwen3_titan_common.hf.start import StartPoint, absolute
+from qwen3_titan_common.hf.start import absolute
 from qwen3_titan_common.models.lora import (
     ATTENTION_TARGETS,
     HF_TARGETS,
@@ -63,20 +63,36 @@ class LoRAOptions:
     def enabled(self) -> bool:
         return self.rank != 0 or self.adapter is not None
 
+    def __post_init__(self) -> None:
+        """One line for a flag that cannot make a LoRA run, as the section is parsed."""
+        if not self.enabled:
+            for f in dataclasses.fields(self):
+                value = getattr(self, f.name)
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                if f.name != "rank" and value != default:
+                    shown = ",".join(value) if isinstance(value, list) else value
+                    raise UserInputError(
+                        f"--lora.{f.name} {shown}: has no effect without --lora.rank R or --lora.adapter DIR "
+                        "(--lora.rank 0 trains every weight)"
+                    )
+            return
+        if self.rank < 0:
+            raise UserInputError(
+                f"--lora.rank {self.rank}: expected a positive rank (or 0: full fine-tuning)"
+            )
+        if self.alpha <= 0:
+            raise UserInputError(f"--lora.alpha {self.alpha}: expected a positive number")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UserInputError(f"--lora.dropout {self.dropout}: expected a probability in [0, 1)")
+        unknown = [t for t in self.targets if t not in HF_TARGETS]
+        if unknown or not self.targets:
+            raise UserInputError(
+                f"--lora.targets {','.join(self.targets)}: expected some of {','.join(HF_TARGETS)}"
+            )
 
-def check_lora_options(options: LoRAOptions, parallelism) -> None:
-    """One line per flag that cannot make a LoRA run, before anything is built."""
-    if options.rank < 0:
-        raise UserInputError(f"--lora.rank {options.rank}: expected a positive rank (or 0: full fine-tuning)")
-    if options.alpha <= 0:
-        raise UserInputError(f"--lora.alpha {options.alpha}: expected a positive number")
-    if not 0.0 <= options.dropout < 1.0:
-        raise UserInputError(f"--lora.dropout {options.dropout}: expected a probability in [0, 1)")
-    unknown = [t for t in options.targets if t not in HF_TARGETS]
-    if unknown or not options.targets:
-        raise UserInputError(
-            f"--lora.targets {','.join(options.targets)}: expected some of {','.join(HF_TARGETS)}"
-        )
+
+def check_lora_layout(parallelism) -> None:
+    """One line for a parallel layout LoRA does not run with."""
     for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         if getattr(parallelism, name, 1) > 1:
             raise UserInputError(
@@ -104,65 +120,71 @@ def _targets(options: LoRAOptions, is_moe: bool) -> tuple[str, ...]:
     return kept
 
 
-def with_lora(config, start: StartPoint | None = None):
-    """The run's config as a LoRA run (``config`` itself when ``--lora`` is off); see the module docstring."""
-    options = config.lora
-    if not options.enabled:
-        defaults = LoRAOptions()
-        for f in dataclasses.fields(LoRAOptions):
-            value = getattr(options, f.name)
-            if f.name != "rank" and value != getattr(defaults, f.name):
-                shown = ",".join(value) if isinstance(value, list) else value
-                raise UserInputError(
-                    f"--lora.{f.name} {shown}: has no effect without --lora.rank R or --lora.adapter DIR "
-                    "(--lora.rank 0 trains every weight)"
-                )
-        return config
-    check_lora_options(options, config.parallelism)
-    arch = config.architecture
-    adapter = open_adapter_dir(options.adapter) if options.adapter else None
-    if adapter is not None:
-        options = dataclasses.replace(
-            options,
-            rank=adapter.params.rank,
-            alpha=adapter.params.alpha,
-            targets=list(adapter.target_modules),
+@dataclass(frozen=True)
+class LoRASetup:
+    """What ``--lora.*`` changes in a run's config, resolved once (see the module docstring): the options as
+    trained (an adapter directory's own rank, alpha and targets), the converter of the model section, and the
+    plan of the checkpoint section."""
+
+    options: LoRAOptions
+    converter: LoRAConverter
+    export: LoRAExportPlan
+
+    @classmethod
+    def resolve(
+        cls, options: LoRAOptions, *, parallelism, architecture, model_dir: str | None, resuming: bool
+    ) -> LoRASetup | None:
+        """The setup of a LoRA run (None when ``--lora`` is off); reads ``--lora.adapter`` and says what it takes
+        from it. Refuses a layout LoRA does not run with and an adapter that does not fit the model."""
+        if not options.enabled:
+            return None
+        check_lora_layout(parallelism)
+        adapter = open_adapter_dir(options.adapter) if options.adapter else None
+        if adapter is not None:
+            options = dataclasses.replace(
+                options,
+                rank=adapter.params.rank,
+                alpha=adapter.params.alpha,
+                targets=list(adapter.target_modules),
+            )
+            logger.info(
+                f"[lora] rank {options.rank}, alpha {options.alpha:g}, targets {','.join(options.targets)} "
+                f"from {adapter.path}"
+            )
+        targets = _targets(options, architecture.is_moe)
+        if adapter is not None:
+            check_adapter_shapes(adapter, expected_adapter_shapes(architecture, targets, options.rank))
+        base_model = absolute(model_dir) if model_dir else None
+        if adapter is not None and resuming:
+            logger.info(f"[lora] --lora.adapter {adapter.path} is not loaded (the step checkpoint is newer)")
+        elif adapter is not None and adapter.base_model and adapter.base_model != base_model:
+            logger.info(
+                f"[lora] {adapter.path} was trained on {adapter.base_model}; this run's base is "
+                f"{base_model or 'its own initialisation'}"
+            )
+        params = LoRAParams(rank=options.rank, alpha=options.alpha, dropout=options.dropout)
+        converter = LoRAConverter.Config(
+            rank=params.rank, alpha=params.alpha, dropout=params.dropout, targets=list(targets)
+        ).build()
+        export = LoRAExportPlan(
+            params=params,
+            target_modules=targets,
+            merge=options.merge,
+            base_model=base_model,
+            initial_adapter=None if resuming else adapter,
         )
-        logger.info(
-            f"[lora] rank {options.rank}, alpha {options.alpha:g}, targets {','.join(options.targets)} "
-            f"from {adapter.path}"
+        return cls(options=options, converter=converter, export=export)
+
+    def model_spec(self, spec):
+        """The model spec with adapters on the targets (base frozen), and a state-dict adapter that reads and
+        writes base checkpoints with the adapters left out."""
+        return dataclasses.replace(
+            spec,
+            model=self.converter.convert(spec.model),
+            state_dict_adapter=lora_state_dict_adapter(spec.state_dict_adapter),
         )
-    targets = _targets(options, arch.is_moe)
-    if adapter is not None:
-        check_adapter_shapes(adapter, expected_adapter_shapes(arch, targets, options.rank))
-    resuming = start is not None and start.kind == "resume"
-    base_model = absolute(config.hf.model_dir) if config.hf.model_dir else None
-    if adapter is not None and resuming:
-        logger.info(f"[lora] --lora.adapter {adapter.path} is not loaded (the step checkpoint is newer)")
-    elif adapter is not None and adapter.base_model and adapter.base_model != base_model:
-        logger.info(
-            f"[lora] {adapter.path} was trained on {adapter.base_model}; this run's base is "
-            f"{base_model or 'its own initialisation'}"
-        )
-    params = LoRAParams(rank=options.rank, alpha=options.alpha, dropout=options.dropout)
-    converter = LoRAConverter.Config(
-        rank=params.rank, alpha=params.alpha, dropout=params.dropout, targets=list(targets)
-    ).build()
-    spec = config.model_spec
-    spec = dataclasses.replace(
-        spec,
-        model=converter.convert(spec.model),
-        state_dict_adapter=lora_state_dict_adapter(spec.state_dict_adapter),
-    )
-    plan = LoRAExportPlan(
-        params=params,
-        target_modules=targets,
-        merge=options.merge,
-        base_model=base_model,
-        initial_adapter=None if resuming else adapter,
-    )
-    checkpoint = config.checkpoint
-    checkpoint = LoRACheckpointManager.Config(
-        **{f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint) if f.init}, lora=plan
-    )
-    return dataclasses.replace(config, model_spec=spec, checkpoint=checkpoint, lora=options)
+
+    def checkpoint(self, checkpoint) -> LoRACheckpointManager.Config:
+        """The checkpoint section as the manager that also writes the adapters in peft's format."""
+        fields = {f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint) if f.init}
+        return LoRACheckpointManager.Config(**fields, lora=self.export)

@@ -296,7 +296,7 @@ def with_context_parallel(job: JobModel, estimate: StepMemory, memory) -> tuple[
     group, so ``job`` is not to be used afterwards."""
     import torch.distributed as dist
 
-    from qwen3_titan_common.models.attention import uses_document_blocks, with_document_context_parallel
+    from qwen3_titan_common.models.attention import parallelism_for_document_cp, uses_document_blocks
     from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
     config = job.config
@@ -311,7 +311,10 @@ def with_context_parallel(job: JobModel, estimate: StepMemory, memory) -> tuple[
                 resolve_layout(parallelism, world)
             except LayoutError:
                 return None
-            split = with_document_context_parallel(dataclasses.replace(config, parallelism=parallelism))
+            parallelism = parallelism_for_document_cp(
+                parallelism, model_config=config.model_spec.model, seq_len=seq_len
+            )
+            split = dataclasses.replace(config, parallelism=parallelism)
             if dist.is_initialized():
                 dist.destroy_process_group()
             tried = dataclasses.replace(job, config=split, parallel_dims=fake_mesh(split, world)).step_memory(
@@ -349,6 +352,7 @@ def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory
     (``train.rehearsal.rank0_environment``)."""
     from torchtitan.tools import utils as titan_utils
 
+    from qwen3_titan_common.models.ep_dispatch import with_token_dispatcher
     from qwen3_titan_common.perf.memory import process_baseline_bytes, weights_read_bytes
     from qwen3_titan_common.runtime.quiet import quiet_router_autocast_on_cpu
 
@@ -359,8 +363,13 @@ def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory
     baseline = process_baseline_bytes(device_kind) + weights_read_bytes(
         getattr(getattr(config, "hf", None), "model_dir", None), device_kind
     )
-    config = with_traceable_expert_exchange(config)
     spec = config.model_spec
+    factor = estimated_capacity_factor(config)
+    if factor is not None:
+        # The fixed-capacity exchange, whose shapes do not depend on the routing, so torch's memory tracker
+        # can follow it.
+        spec = dataclasses.replace(spec, model=with_token_dispatcher(spec.model, factor))
+        config = dataclasses.replace(config, model_spec=spec)
     spec.model.update_from_config(config=config)
     job = JobModel(config, spec, fake_mesh(config, plan.world_size), device_kind)
     batch = config.training.local_batch_size
@@ -368,8 +377,10 @@ def estimate_rank0(plan, config, device_kind: str) -> tuple[JobModel, StepMemory
 
 
 def estimated_capacity_factor(config) -> float | None:
-    """The expert exchange's capacity the estimate lays out (:func:`with_traceable_expert_exchange`), in
-    multiples of a balanced load; None without expert parallelism."""
+    """The expert exchange's capacity the estimate lays out (the fixed-capacity one, ``models.ep_dispatch``), in
+    multiples of a balanced load; None without expert parallelism. It is the exchange a Neuron job runs; for an
+    exchange of exactly the routed rows (CPU, CUDA) its default of 2x a balanced load is the room an expert twice
+    as busy as average needs, so the estimate has headroom for uneven routing rather than none."""
     from qwen3_titan_common.models.ep_dispatch import DEFAULT_CAPACITY_FACTOR
 
     architecture = getattr(config, "architecture", None)
@@ -377,23 +388,6 @@ def estimated_capacity_factor(config) -> float | None:
         return None
     moe = getattr(config, "moe", None)
     return getattr(moe, "capacity_factor", None) or DEFAULT_CAPACITY_FACTOR
-
-
-def with_traceable_expert_exchange(config):
-    """``config`` with an expert exchange torch's memory tracker can follow: the fixed-capacity one
-    (``models.ep_dispatch``), whose shapes do not depend on the routing, at the job's capacity. It is the
-    exchange a Neuron job runs; for an exchange of exactly the routed rows (CPU, CUDA) its default of 2x a
-    balanced load is the room an expert twice as busy as average needs, so the estimate has headroom for
-    uneven routing rather than none."""
-    from qwen3_titan_common.models.ep_dispatch import with_token_dispatcher
-
-    factor = estimated_capacity_factor(config)
-    if factor is None:
-        return config
-    spec = dataclasses.replace(
-        config.model_spec, model=with_token_dispatcher(config.model_spec.model, factor)
-    )
-    return dataclasses.replace(config, model_spec=spec)
 
 
 def fake_mesh(config, world_size: int):

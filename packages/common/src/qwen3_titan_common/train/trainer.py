@@ -32,7 +32,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Literal
 
-import torch
 import torch.distributed as dist
 import tyro
 from torchtitan.components.dataloader import DataloaderExhaustedError
@@ -44,42 +43,22 @@ from torchtitan.tools import utils as titan_utils
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from qwen3_titan_common.arch.architecture import Qwen3Architecture, read_architecture
-from qwen3_titan_common.components.checkpoint import HFExportPlan
-from qwen3_titan_common.components.loss import TrainedTokenLoss, with_trained_token_loss
-from qwen3_titan_common.components.model_record import (
-    check_data_position,
-    check_model_record,
-    model_record,
-    schedule_changes,
-    schedule_of,
-)
+from qwen3_titan_common.arch.architecture import Qwen3Architecture
+from qwen3_titan_common.components.loss import TrainedTokenLoss
 from qwen3_titan_common.components.preference import (
     Objective,
     PreferenceLoss,
     PreferenceOptions,
     take_preference_batch,
-    with_preference_loss,
 )
-from qwen3_titan_common.components.router_balance import (
-    LMLossWithRouterBalance,
-    MoEOptions,
-    with_expert_exchange,
-    with_router_balance,
-)
-from qwen3_titan_common.data.loader import POSITION_FORMAT, TextChatDataLoader
-from qwen3_titan_common.errors import CheckpointError, UserInputError, first_line
-from qwen3_titan_common.hf.export import EXPORT_DTYPES, parse_size
-from qwen3_titan_common.hf.model_dir import GENERATION_CONFIG
-from qwen3_titan_common.hf.start import StartPoint, absolute, newest_complete_step, plan_start
-from qwen3_titan_common.models.attention import (
-    document_attention_of,
-    uses_document_blocks,
-    with_document_context_parallel,
-)
+from qwen3_titan_common.components.router_balance import LMLossWithRouterBalance, MoEOptions
+from qwen3_titan_common.errors import UserInputError, first_line
+from qwen3_titan_common.hf.export import parse_size
+from qwen3_titan_common.hf.start import StartPoint, newest_complete_step
+from qwen3_titan_common.models.attention import document_attention_of, uses_document_blocks
 from qwen3_titan_common.models.context_parallel import split_for_context_parallel
 from qwen3_titan_common.perf.optimizer_state import describe_trainable
-from qwen3_titan_common.perf.precision import model_compute_dtype, precision_line
+from qwen3_titan_common.perf.precision import model_compute_dtype
 from qwen3_titan_common.perf.progress import Phase
 from qwen3_titan_common.perf.progress import set_cadence as set_progress_cadence
 from qwen3_titan_common.protocols.rank_errors import rank_errors
@@ -90,9 +69,10 @@ from qwen3_titan_common.protocols.summary import (
     report,
     summary_of,
 )
-from qwen3_titan_common.train.lora import LoRAOptions, with_lora
-from qwen3_titan_common.train.outputs import OutputDefaults, run_dump_folder
+from qwen3_titan_common.train.lora import LoRAOptions
+from qwen3_titan_common.train.outputs import OutputDefaults
 from qwen3_titan_common.train.rehearsal import Rehearsal
+from qwen3_titan_common.train.resolve import resolve_run_config
 from qwen3_titan_common.train.run_card import run_card
 
 ModelSpecBuilder = Callable[[Qwen3Architecture, str], ModelSpec]
@@ -258,7 +238,7 @@ class Qwen3Trainer(Trainer):
         every check on it (``train.preflight.check_run``, the backend's :meth:`prepare_backend`), before
         anything is written. Each rank and ``train --dry-run`` run it first; raises a one-line
         UserInputError. ``deferred``: a dry run's list of what only the machines of the job can confirm."""
-        from qwen3_titan_common.components.validate import with_validation_data
+        from qwen3_titan_common.components.validate import data_for_validation
         from qwen3_titan_common.train.preflight import check_run
 
         try:
@@ -269,7 +249,10 @@ class Qwen3Trainer(Trainer):
             # torchtitan validates the config again once the model directory's architecture is in it.
             which = f"--config {config.config_function[1]}" if config.config_function else "the config"
             raise UserInputError(f"{which} with these flags: {first_line(err)}") from None
-        config = with_validation_data(config)
+        validator, dataloader = data_for_validation(
+            config.validator, config.dataloader, parallelism=config.parallelism, training=config.training
+        )
+        config = dataclasses.replace(config, validator=validator, dataloader=dataloader)
         trainer = cls.for_config(config)
         check_run(config, deferred=deferred, tied=trainer.trains_tied_embeddings(config))
         trainer.prepare_backend(config)
@@ -477,28 +460,6 @@ class Qwen3Trainer(Trainer):
         logger.info("Training completed")
 
 
-def _first_layers(config: Qwen3Trainer.Config, layers: int) -> tuple[Qwen3Trainer.Config, Qwen3Architecture]:
-    """``--debug.layers N``: the run's config without ``--hf.model_dir`` (its tokenizer kept, its weights not
-    loaded) and the architecture (the directory's, else the config's) cut to its first N decoder layers."""
-    model_dir = config.hf.model_dir
-    architecture = read_architecture(absolute(model_dir)) if model_dir else config.architecture
-    if not 1 <= layers <= architecture.num_hidden_layers:
-        raise UserInputError(
-            f"--debug.layers {layers}: expected 1 to the model's {architecture.num_hidden_layers} decoder layers"
-        )
-    if model_dir:
-        changes: dict = {"hf": dataclasses.replace(config.hf, model_dir=None)}
-        folder = Path(absolute(model_dir))
-        if any((folder / name).is_file() for name in ("tokenizer.json", "vocab.json")):
-            changes["hf_assets_path"] = str(folder)
-        config = dataclasses.replace(config, **changes)
-    logger.info(
-        f"[start] --debug.layers {layers}: the first {layers} of {architecture.num_hidden_layers} decoder layers, "
-        "from random weights"
-    )
-    return config, architecture.with_changes(num_hidden_layers=layers)
-
-
 def _layout_graph_blocker(config: Trainer.Config) -> str | None:
     """Why the parallel layout keeps the step out of a CUDA graph (torchtitan's own rule), or None."""
     if config.parallelism.pipeline_parallel_degree > 1:
@@ -506,119 +467,3 @@ def _layout_graph_blocker(config: Trainer.Config) -> str | None:
     if config.parallelism.expert_parallel_degree > 1:
         return "expert parallelism (the token exchange's sizes are read on the host)"
     return None
-
-
-def _export_dtype(config: Qwen3Trainer.Config, start: StartPoint) -> torch.dtype:
-    name = config.hf.export_dtype
-    if name == "auto":
-        name = start.model_dir.dtype_name if start.model_dir is not None else "float32"
-    return EXPORT_DTYPES.get(name, torch.float32)  # float64 weights export as float32
-
-
-def resolve_run_config(config: Qwen3Trainer.Config) -> tuple[StartPoint, Qwen3Trainer.Config]:
-    """Where the run's weights come from (logged in one line), and the config that trains them.
-
-    With ``--hf.model_dir`` the model is the directory's (its config.json's architecture, its tokenizer,
-    its weights loaded before step 1), so the returned config is rebuilt from it; the checkpoint manager
-    gets the export plan either way.
-    """
-    if config.architecture is None or config.model_spec_builder is None:
-        raise CheckpointError(
-            "Qwen3Trainer.Config needs `architecture` and `model_spec_builder` (set by config functions)"
-        )
-    dump_folder = run_dump_folder(config.dump_folder, config.hf.model_dir, config.output_defaults)
-    if dump_folder != config.dump_folder:
-        logger.info(
-            f"[start] outputs go to {dump_folder}: named after --hf.model_dir (--dump_folder picks another)"
-        )
-        config = dataclasses.replace(config, dump_folder=dump_folder)
-    cut = None
-    if config.debug.layers is not None:
-        config, cut = _first_layers(config, config.debug.layers)
-    start = plan_start(
-        model_dir=config.hf.model_dir,
-        checkpoint_folder=Path(config.dump_folder) / config.checkpoint.folder,
-        checkpoint_enabled=config.checkpoint.enable,
-        download_hint=config.hf.download_hint,
-    )
-    logger.info(f"[start] {start.message}")
-    logger.info(
-        f"[precision] {precision_line(config.training.mixed_precision_param, titan_utils.device_type)}"
-    )
-    changes: dict = {}
-    architecture = cut or config.architecture
-    if config.hf.model_dir and start.kind == "resume":
-        # The architecture still comes from the directory the run started from.
-        try:
-            architecture = read_architecture(absolute(config.hf.model_dir))
-        except CheckpointError:
-            pass
-    model_dir = start.model_dir
-    checkpoint = config.checkpoint
-    if model_dir is None and start.kind != "resume" and checkpoint.initial_load_path:
-        # Our default for initial_load_model_only is not torchtitan's (components.checkpoint): say which applies.
-        what = "the weights" if checkpoint.initial_load_model_only else "the whole training state"
-        logger.info(f"[start] --checkpoint.initial_load_path {checkpoint.initial_load_path}: loading {what}")
-    if model_dir is not None:
-        architecture = model_dir.architecture
-        if model_dir.has_tokenizer:
-            changes["hf_assets_path"] = str(model_dir.path)
-        else:
-            logger.info(f"[start] {model_dir.path} has no tokenizer files: using {config.hf_assets_path}")
-        checkpoint = dataclasses.replace(
-            checkpoint,
-            enable=True,
-            save_steps=checkpoint.enable,
-            initial_load_path=str(model_dir.path),
-            initial_load_in_hf=True,
-            initial_load_model_only=True,
-        )
-    if architecture is not config.architecture:
-        changes["architecture"] = architecture
-        changes["model_spec"] = config.model_spec_builder(architecture, config.model_spec.flavor)
-        if getattr(config.loss, "global_vocab_size", None) is not None:
-            # torchtitan's vocabulary-parallel cross-entropy splits the logits by this size.
-            changes["loss"] = dataclasses.replace(config.loss, global_vocab_size=architecture.vocab_size)
-    position = POSITION_FORMAT if isinstance(config.dataloader, TextChatDataLoader.Config) else None
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    record = model_record(
-        config.model_spec.name,
-        architecture,
-        schedule_of(config, world_size),
-        position,
-        lora=config.lora,
-        live_reference=config.objective == "dpo" and config.dpo.reference == "live",
-    )
-    if start.kind == "resume":
-        checkpoint_folder = Path(config.dump_folder) / config.checkpoint.folder
-        check_model_record(checkpoint_folder, record, step=start.resume_step, dump_folder=config.dump_folder)
-        check_data_position(checkpoint_folder, record, step=start.resume_step)
-        if config.training.steps < start.resume_step:
-            raise UserInputError(
-                f"--training.steps {config.training.steps} (--steps): the newest checkpoint in {checkpoint_folder} "
-                f"is at step {start.resume_step}, past the last step asked for; pass --steps above "
-                f"{start.resume_step} to train on, or a new --dump_folder to start over"
-            )
-        changed = schedule_changes(checkpoint_folder, record)
-        if changed:
-            logger.info(
-                f"[start] resuming step {start.resume_step} with other settings than it was trained with "
-                f"({'; '.join(changed)}): this run's apply from step {start.resume_step + 1}"
-            )
-    plan = HFExportPlan(
-        base_dir=Path(config.hf.export_dir or Path(config.dump_folder) / "hf"),
-        architecture=architecture,
-        dtype=_export_dtype(config, start),
-        max_shard_bytes=parse_size(config.hf.max_shard_size),
-        assets_dir=Path(changes.get("hf_assets_path", config.hf_assets_path)),
-        generation_config=model_dir.path / GENERATION_CONFIG
-        if model_dir is not None and model_dir.has_generation_config
-        else None,
-    )
-    changes["checkpoint"] = dataclasses.replace(checkpoint, hf_export=plan, model_record=record)
-    where = f"{model_dir.path}/config.json" if model_dir is not None else "the model's config.json"
-    config = with_router_balance(dataclasses.replace(config, **changes), where)
-    config = with_trained_token_loss(with_preference_loss(config, titan_utils.device_type))
-    config = with_expert_exchange(config, titan_utils.device_type)
-    config = with_document_context_parallel(config)
-    return start, with_lora(config, start)
