@@ -18,7 +18,8 @@ default (``<dump_folder>/tb``).
 An MoE run adds the experts' load since the last line: the largest share of a layer's tokens that one
 expert took (balanced: top_k / num_experts) and the experts that took none, summed over layers; per
 layer in TensorBoard (``moe/layer_N/busiest_share``, ``moe/layer_N/idle_experts``), counted over every
-routed token (padding included: the experts computed it) on all data-parallel ranks. One warning line
+routed token (padding included: the experts computed it) on all data-parallel ranks, for the layers of every
+pipeline stage. One warning line
 names a layer the first time its routing collapses (:func:`collapsed`). With the router balance loss the
 loss is still the language-model loss; ``balance:`` is the term added to it (``components.router_balance``).
 """

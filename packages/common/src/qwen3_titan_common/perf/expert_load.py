@@ -68,6 +68,8 @@ def collapsed(load: ExpertLoad, num_experts: int) -> bool:
 
 
 def all_ranks_counts(model_parts, parallel_dims) -> ExpertCounts | None:
+    """The model's per-layer expert counts since the last call, summed over the ranks that route other tokens,
+    and with every pipeline stage's layers (a collective: every rank calls it); None for a dense model."""
     counts: dict[str, torch.Tensor] = {}
     top_k = 0
     for part in model_parts or ():
@@ -76,11 +78,37 @@ def all_ranks_counts(model_parts, parallel_dims) -> ExpertCounts | None:
         if taken is not None:
             top_k = taken.top_k
             counts.update(taken.by_layer)
+    if parallel_dims.pp_enabled:
+        top_k, counts = _every_stage(top_k, counts, parallel_dims.get_mesh("pp").get_group())
     if not counts:
         return None
     names = list(counts)
     stacked_LE = _summed_over_token_ranks(torch.stack([counts[n] for n in names]), parallel_dims)
     return ExpertCounts(top_k, dict(zip(names, stacked_LE, strict=True)))
+
+
+def _every_stage(top_k: int, counts: dict[str, torch.Tensor], group) -> tuple[int, dict[str, torch.Tensor]]:
+    """Every pipeline stage's layer counts on every stage (a collective over the pipeline ranks, called by each
+    whether its stage holds MoE layers or none). Layers are named by their index in the model, as both
+    backends' decoders name them; a stage's zero rows for another stage's layers (hf-v5 counts every layer) add
+    nothing."""
+    device = titan_utils.device_type
+    layers = max((int(name) + 1 for name in counts), default=0)
+    experts = max((row.numel() for row in counts.values()), default=0)
+    sizes = torch.tensor([layers, experts, top_k], dtype=torch.int64, device=device)
+    dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=group)
+    layers, experts, top_k = sizes.tolist()
+    if layers == 0:
+        return 0, {}
+    # One row per layer of the model, and which rows some stage holds.
+    counts_LE = torch.zeros(layers, experts, dtype=torch.int64, device=device)
+    held_L = torch.zeros(layers, dtype=torch.int64, device=device)
+    for name, row in counts.items():
+        counts_LE[int(name)] = row.to(device=device, dtype=torch.int64)
+        held_L[int(name)] = 1
+    dist.all_reduce(counts_LE, group=group)
+    dist.all_reduce(held_L, group=group)
+    return top_k, {str(layer): counts_LE[layer] for layer in range(layers) if held_L[layer]}
 
 
 def _summed_over_token_ranks(tensor: torch.Tensor, parallel_dims) -> torch.Tensor:
@@ -107,5 +135,9 @@ def dropped_assignments(model_parts, parallel_dims) -> tuple[int, int]:
                 dropped, routed = dropped + d, routed + r
     # On the device the run's collectives use (torchtitan's device type, as its meshes are built on).
     totals = torch.tensor([dropped, routed], dtype=torch.int64, device=titan_utils.device_type)
-    dropped, routed = _summed_over_token_ranks(totals, parallel_dims).tolist()
+    totals = _summed_over_token_ranks(totals, parallel_dims)
+    if parallel_dims.pp_enabled:
+        # Each stage's dispatchers count the assignments of its own layers.
+        dist.all_reduce(totals, group=parallel_dims.get_mesh("pp").get_group())
+    dropped, routed = totals.tolist()
     return int(dropped), int(routed)
