@@ -157,12 +157,13 @@ def hf_v5(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "nproc, flags",
-    [(2, ["--batch-size", "4"]), (2, [CP, "2"])],
-    ids=["fsdp-2", "cp-2"],
+    [(2, ["--batch-size", "4"]), (4, [TP, "2", CP, "2"])],
+    ids=["fsdp-2", "tp-2-cp-2"],
 )
 def test_hf_v5_layouts_train_what_one_rank_trains(hf_v5, tmp_path, nproc, flags):
     # FSDP2's reductions on gloo; context parallelism over the block-sparse attention (the keys and values
-    # gathered in its attention function).
+    # gathered in its attention function) beside tensor parallelism with sequence parallelism (each CP rank's
+    # share of the rows split again along the sequence between the TP ranks' norms).
     reference, bounds = hf_v5
     _assert_same_losses(reference, _train(HF_V5, tmp_path / "run", nproc, *flags, *NO_OUTPUTS)[LOSS], bounds)
 
@@ -249,9 +250,12 @@ def test_pipeline_parallel_trains_and_exports_what_one_rank_does(tmp_path):
     from_model = ["--hf-model", str(model), "--checkpoint.no-enable"]
     one = _train("native-backend", tmp_path / "one", 1, *from_model)
     exported_one = load_file(next((tmp_path / "one" / "hf" / f"step-{STEPS}").glob("*.safetensors")))
-    # hf-v5 with tensor parallelism too, under a looped schedule: 4 stages of the 2-layer model, the first holding
-    # the embedding only and the last the norm and lm_head only.
-    looped = [TP, "2", "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B"]
+    # hf-v5 with tensor parallelism too (without sequence parallelism: the residual stream replicated over the TP
+    # ranks), under DualPipeV: 4 stages of the 2-layer model in a V, pipeline rank 0 holding the first (the
+    # embedding and layer 0) and the last (the norm and lm_head only), forward and backward overlapped.
+    looped = [
+        TP, "2", "--parallelism.no-enable-sequence-parallel", "--parallelism.pipeline_parallel_schedule", "DualPipeV",
+    ]  # fmt: skip
     # native with context parallelism beside the stages: each stage's layers take the CP rank's share of the rows.
     for backend, nproc, flags in (("native-backend", 4, [CP, "2"]), (HF_V5, 4, looped)):
         pp = tmp_path / backend
