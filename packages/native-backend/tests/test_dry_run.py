@@ -162,6 +162,42 @@ def test_two_cpu_ranks_hold_half_the_state_one_rank_holds_whole(tmp_path):
     assert 0 < two["grads"] < one["grads"], described
 
 
+_LORA = """
+import json, sys
+from qwen3_titan_common.launcher.plan import LaunchPlan
+from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
+from qwen3_titan_common.train.memory_check import estimate_rank0
+
+plan = LaunchPlan(
+    module="qwen3_titan_native", config="debug", nproc_per_node=1, nnodes=1, node_rank=0,
+    rdzv_endpoint="localhost:0",
+    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32",
+                 "--lora.rank", "4"],
+)
+with as_fake_rank(plan):
+    config, _ = checked_config(plan)
+    _, lora = estimate_rank0(plan, config, "cpu")
+    trainable = sum(p.numel() for p in config.model_spec.model.build().parameters() if p.requires_grad)
+print(json.dumps([lora.by_kind, trainable, lora.describe()]))
+"""
+
+
+def test_a_lora_run_on_one_rank_is_estimated_with_gradients_of_its_adapters_only(tmp_path):
+    """One CPU rank trains the model whole, its base weights frozen: torch's tracker is told they take no gradient
+    hook (it refuses one on a frozen tensor, which made every LoRA fit check an internal error). Gradients and
+    AdamW's two moments are the adapters' alone, in fp32."""
+    import json
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _LORA, str(tmp_path)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kinds, trainable, described = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert kinds["params"] > 20 * 4 * trainable, described  # the frozen base is most of the weights
+    assert kinds["grads"] <= 4 * trainable, described  # at most the adapters' (none alive at this peak)
+    assert 2 * 4 * trainable <= kinds["optimizer"] <= 2 * 4 * trainable * 1.01, described
+
+
 _LONG_ROW = """
 import json, sys
 from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config

@@ -407,8 +407,21 @@ def step_memory_tracker(model, optimizer, inputs: tuple):
         tracker.track_inputs(inputs)
         return tracker
     tracker = MemTracker()
+    # The plain tracker hooks the gradient of every parameter a forward meets, and torch refuses a hook on a
+    # frozen one (LoRA's base weights, which get none): those are entered as hooked already, with handles that
+    # have nothing to remove.
+    for param in model.parameters():
+        if not param.requires_grad:
+            tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
     tracker.track_external(model, optimizer, *inputs)
     return tracker
+
+
+class _NoHook:
+    """A hook handle with nothing to remove (:func:`step_memory_tracker`)."""
+
+    def remove(self) -> None:
+        pass
 
 
 def fake_tensor_data_dependent_errors() -> tuple[type[Exception], ...]:
