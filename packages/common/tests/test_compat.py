@@ -160,6 +160,24 @@ def test_the_memory_tracker_counts_fake_tensors_by_kind():
     assert "Total" not in peak and sum(peak.values()) >= sum(current.values())
 
 
+def test_the_memory_tracker_takes_a_frozen_parameter():
+    """torch refuses a gradient hook on a frozen tensor; the tracker counts it as a weight and its
+    trainable neighbour's gradient and state alone (LoRA's base and adapters)."""
+    with compat.fake_tensor_mode():
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 8))
+        model[0].requires_grad_(False)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+        inputs = torch.randn(8, 256)
+        tracker = compat.step_memory_tracker(model, optimizer, (inputs,))
+        with tracker:
+            model(inputs).sum().backward()
+            optimizer.step()
+            current = compat.tracker_current_by_kind(tracker)
+    frozen, trained = 4 * (256 * 512 + 512), 4 * (512 * 8 + 8)
+    assert current["Parameter"] == frozen + trained and current["Gradient"] == trained
+    assert 2 * trained <= current["Optstate"] < 2 * trained + 64  # both AdamW moments, and its step counters
+
+
 def test_gloo_copies_are_held_while_the_collective_runs():
     import torch.distributed as dist
 
