@@ -371,7 +371,8 @@ def test_check_layout_runs_the_layout_beside_one_rank_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_check_layout_takes_the_jobs_own_flags_and_writes_none_of_its_folders(tmp_path_factory):
     # The job's export, checkpoint and logging flags are accepted and change nothing; its folders (--out,
-    # --hf.export_dir) get nothing; a model shallower than the check's 2 layers is checked at its own depth.
+    # --hf.export_dir) get nothing; a model shallower than the check's 2 layers is checked at its own depth. A
+    # LoRA job: its one rank exports an adapter, and the bound is read from the model it adapts.
     model = make_tiny_checkpoint(
         tmp_path_factory.mktemp("shallow") / "m", config_changes={"num_hidden_layers": 1}
     )
@@ -385,7 +386,7 @@ def test_check_layout_takes_the_jobs_own_flags_and_writes_none_of_its_folders(tm
     command = [
         TRAIN, "--check-layout", "--hf-model", str(model), "--nproc", "2", "--batch-size", "4", "--seq-len", "64",
         "--hf.no-export", "--hf.export_dir", "exports", "--checkpoint.interval", "5", "--metrics.log_freq", "2",
-        "--out", "job",
+        "--lora.rank", "4", "--out", "job",
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -122,7 +122,9 @@ class LayoutCheck:
         """Whether every step's loss of the layout is within the derived bound of one rank's, in one line."""
         from qwen3_titan_common.train.tolerance import ModelBounds
 
-        bounds = ModelBounds.from_dir(one_rank.export)
+        # A LoRA run's export is its adapter; the bound is its model's, whose final norm and output projection
+        # (all the bound reads) the adapters leave as they are in the base.
+        bounds = ModelBounds.from_dir(one_rank.merged or one_rank.base or one_rank.export)
         worst = None
         for (step, expected), (_, loss) in zip(one_rank.losses or (), layout.losses or (), strict=True):
             step = int(step)
