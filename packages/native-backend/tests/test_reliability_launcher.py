@@ -1020,6 +1020,14 @@ def test_a_run_that_does_not_fit_a_stated_memory_is_refused_before_torchrun(fail
     assert "torchrun" not in line
 
 
+def test_a_stated_memory_below_the_process_itself_is_said_so(fails):
+    # Nothing the launcher could change fits: not a smaller batch, not more ranks, and not LoRA, which this job
+    # already trains (a hint to train LoRA adapters would be no answer).
+    line = fails(["--dry-run", "--lora.rank", "8", "--memory-per-rank", "0.1"], "does not fit",
+                 "the process alone holds ~", "no layout of this job fits")  # fmt: skip
+    assert "LoRA" not in line
+
+
 def test_dry_run_of_a_batch_this_machine_cannot_hold(fails):
     from qwen3_titan_common.perf.fit import available_host_bytes
 

@@ -223,12 +223,26 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
                 f"--nnodes {nodes} ({ranks} ranks, FSDP sharding the weights, gradients and "
                 f"optimizer state over them; ~{tried.total_bytes / GIB:.2f} GiB per rank)"
             )
-    hint = (
-        "fits by the same estimate: " + "; or ".join(found)
-        if found
-        else f"no smaller batch, recomputation, context parallelism or up to {MORE_NODES[-1]}x the nodes fits by "
-        "the same estimate: train LoRA adapters, or shard with tensor or pipeline parallelism"
-    )
+    if found:
+        hint = "fits by the same estimate: " + "; or ".join(found)
+    elif estimate.baseline_bytes >= memory.bytes_per_rank:
+        hint = (
+            f"the process alone holds ~{estimate.baseline_bytes / GIB:.2f} GiB before any of the model's tensors "
+            "(its libraries, and the weights it reads): no layout of this job fits"
+        )
+    else:
+        # What else shrinks a rank's share: the weights that train (LoRA), or a split of each layer or of the
+        # layers (which a LoRA run does not shard with); else shorter rows.
+        lora = getattr(getattr(config, "lora", None), "enabled", False)
+        rest = (
+            "shorter rows (--training.seq_len)"
+            if lora
+            else "train LoRA adapters, or shard with tensor or pipeline parallelism"
+        )
+        hint = (
+            f"no smaller batch, recomputation, context parallelism or up to {MORE_NODES[-1]}x the nodes fits by "
+            f"the same estimate: {rest}"
+        )
     return (
         f"--training.local_batch_size {config.training.local_batch_size} (--batch-size) x --training.seq_len "
         f"{config.training.seq_len}: does not fit, {line}; {hint}"
