@@ -143,17 +143,23 @@ def test_hf_reader_reads_an_alias_from_the_stored_tensor(tmp_path):
     )
 
 
-def test_the_memory_tracker_counts_fake_tensors_by_kind():
+def _tracked_step(model: torch.nn.Module) -> tuple[dict, dict]:
+    """The tracker's figures by kind after one fake step of ``model`` and AdamW on its trainable weights, and at
+    the step's peak."""
     with compat.fake_tensor_mode():
-        model = torch.nn.Linear(256, 512)
-        optimizer = torch.optim.AdamW(model.parameters())
+        model = model.to_empty(device="cpu")  # fake weights
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
         inputs = torch.randn(8, 256)
         tracker = compat.step_memory_tracker(model, optimizer, (inputs,))
         with tracker:
             model(inputs).sum().backward()
             optimizer.step()
             current = compat.tracker_current_by_kind(tracker)
-        peak = compat.tracker_peak_by_kind(tracker)
+        return current, compat.tracker_peak_by_kind(tracker)
+
+
+def test_the_memory_tracker_counts_fake_tensors_by_kind():
+    current, peak = _tracked_step(torch.nn.Linear(256, 512, device="meta"))
     weights = 4 * (256 * 512 + 512)
     assert current["Parameter"] == weights and current["Gradient"] == weights
     assert current["Optstate"] >= 2 * weights  # both AdamW moments
@@ -163,16 +169,11 @@ def test_the_memory_tracker_counts_fake_tensors_by_kind():
 def test_the_memory_tracker_takes_a_frozen_parameter():
     """torch refuses a gradient hook on a frozen tensor; the tracker counts it as a weight and its
     trainable neighbour's gradient and state alone (LoRA's base and adapters)."""
-    with compat.fake_tensor_mode():
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 8))
-        model[0].requires_grad_(False)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
-        inputs = torch.randn(8, 256)
-        tracker = compat.step_memory_tracker(model, optimizer, (inputs,))
-        with tracker:
-            model(inputs).sum().backward()
-            optimizer.step()
-            current = compat.tracker_current_by_kind(tracker)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512, device="meta"), torch.nn.Linear(512, 8, device="meta")
+    )
+    model[0].requires_grad_(False)
+    current, _ = _tracked_step(model)
     frozen, trained = 4 * (256 * 512 + 512), 4 * (512 * 8 + 8)
     assert current["Parameter"] == frozen + trained and current["Gradient"] == trained
     assert 2 * trained <= current["Optstate"] < 2 * trained + 64  # both AdamW moments, and its step counters
