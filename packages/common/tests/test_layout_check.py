@@ -18,11 +18,11 @@ CHECK = LayoutCheck(
 )
 
 
-def _summary(losses, export=None) -> RunSummary:
+def _summary(losses, export=None, dropped_share=None) -> RunSummary:
     return RunSummary(
         first_step=1, last_step=CHECK_STEPS, total_steps=CHECK_STEPS, tokens=0, train_seconds=1.0,
         tokens_per_second=None, first_loss=losses[0], final_loss=losses[-1], peak_memory_gib=None,
-        memory_source="host RSS", checkpoint=None, export=export,
+        memory_source="host RSS", checkpoint=None, export=export, dropped_share=dropped_share,
         losses=[[step, loss] for step, loss in enumerate(losses, start=1)],
     )  # fmt: skip
 
@@ -40,3 +40,11 @@ def test_losses_within_the_bound_are_ok_and_beyond_it_not(tmp_path):
 
     ok, line = CHECK.verdict(_summary([8.3 + 2 * bound, 8.1, 7.6]), reference)
     assert not ok and "NOT ok" in line and "at step 1" in line, line
+
+    # A fixed-capacity exchange that dropped assignments trains other numbers, within the bound or not; one that
+    # dropped none is ok.
+    ok, line = CHECK.verdict(_summary([8.3, 8.1, 7.6], dropped_share=0.166), reference)
+    assert not ok and "NOT ok" in line and "dropped 16.6% of the routed assignments" in line, line
+    assert "--moe.capacity_factor" in line
+    ok, line = CHECK.verdict(_summary([8.3, 8.1, 7.6], dropped_share=0.0), reference)
+    assert ok and line.endswith(": ok"), line

@@ -220,6 +220,7 @@ class Qwen3Metrics(MetricsProcessor):
         if not routed:
             return ""
         metrics["moe/dropped_share"] = dropped / routed
+        self.progress.record_dropped(dropped, routed)
         return (
             f", {dropped:,} dropped ({100 * dropped / routed:.1f}%; --moe.capacity_factor)"
             if dropped

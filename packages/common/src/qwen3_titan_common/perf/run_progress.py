@@ -27,6 +27,10 @@ class RunProgress:
     peak_memory_gib: float | None = None
     trained_tokens: float = 0.0  # tokens that carried loss, estimated from each interval's trained share
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, loss) of the first logged steps
+    # A fixed-capacity expert exchange's routed assignments and those it dropped over capacity, over all ranks
+    # (None where no such exchange runs).
+    routed_assignments: int | None = None
+    dropped_assignments: int = 0
 
     def record(
         self,
@@ -70,6 +74,15 @@ class RunProgress:
         if per_step is None or self.last_step is None:
             return None
         return max(0, self.total_steps - self.last_step) * per_step
+
+    def record_dropped(self, dropped: int, routed: int) -> None:
+        """One interval's dropped and routed assignments of a fixed-capacity expert exchange."""
+        self.routed_assignments = (self.routed_assignments or 0) + routed
+        self.dropped_assignments += dropped
+
+    def dropped_share(self) -> float | None:
+        """Share of the routed assignments dropped over an expert's capacity; None without a capacity."""
+        return self.dropped_assignments / self.routed_assignments if self.routed_assignments else None
 
     def trained_share(self) -> float | None:
         """Share of the computed tokens that carried loss, over the logged steps."""

@@ -50,6 +50,9 @@ class RunSummary:
     last_logged_step: int | None = (
         None  # the loss figures' step, when the run trained past its last step line
     )
+    dropped_share: float | None = (
+        None  # a fixed-capacity expert exchange's dropped share of the routed assignments
+    )
     losses: list[list[float]] | None = None  # [step, loss] of the logged steps (perf.run_progress keeps them)
     ranks: int = 1  # the job's ranks: tokens and tokens/s are all of theirs, a step line's tps one rank's
     converted: str | None = None  # --hf.to_dcp: the torchtitan checkpoint written, no step trained
@@ -253,6 +256,7 @@ def summary_of(trainer, export: str | os.PathLike | None) -> RunSummary:
         checkpoint=checkpoint,
         export=str(Path(export).resolve()) if export else None,
         trained_share=progress.trained_share(),
+        dropped_share=progress.dropped_share(),
         losses=[[step, loss] for step, loss in progress.losses],
         ranks=getattr(getattr(trainer, "parallel_dims", None), "world_size", 1),
         **lora_fields,

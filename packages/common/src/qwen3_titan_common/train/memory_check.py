@@ -184,9 +184,10 @@ def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
 
     needed = estimate.total_bytes
     here = "" if plan.memory_per_rank else " here"
+    # The memory as stated, to its hundredths (0.85 is not 0.8, and 0.86 beside an estimate of 0.90 not 0.9).
+    have = f"{memory.bytes_per_rank / GIB:.2f}".rstrip("0").rstrip(".")
     return verdict(needed, memory), (
-        f"~{needed / GIB:.2f} GiB per rank estimated, {memory.bytes_per_rank / GIB:.1f} GiB per rank{here} "
-        f"({memory.described})"
+        f"~{needed / GIB:.2f} GiB per rank estimated, {have} GiB per rank{here} ({memory.described})"
     )
 
 
@@ -211,9 +212,12 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
         split = with_context_parallel(job, estimate, memory)
         if split is not None:
             degree, tried = split
+            # Tried at one row: no batch of whole rows fits, so the split needs the batch of one row too.
+            batch = config.training.local_batch_size
+            one_row = " with --training.local_batch_size (--batch-size) 1" if batch > 1 else ""
             found.append(
-                f"--parallelism.context_parallel_degree {degree} (each row's tokens over {degree} ranks; "
-                f"~{tried.total_bytes / GIB:.2f} GiB per rank)"
+                f"--parallelism.context_parallel_degree {degree}{one_row} (each row's tokens over {degree} "
+                f"ranks; ~{tried.total_bytes / GIB:.2f} GiB per rank)"
             )
     if fitting is None and not found:
         wider = with_more_nodes(job, estimate, memory, nnodes)
