@@ -64,6 +64,26 @@ def _total(stdout: str) -> float:
 
 
 @pytest.mark.slow
+def test_a_long_row_of_a_large_model_is_shown_more_nodes_and_recomputation_together(tmp_path):
+    """Neither alone fits: a 65,536-token row of the 4B recipe on one H100 needs its activations recomputed and
+    its state sharded over more nodes; the advice names both, and its figure is the job's with both applied."""
+    job = ["--nproc", "1", "--config", "native_qwen3_4b", "--seq-len", "65536", "--batch-size", "1",
+           "--memory-per-rank", "h100", "--out", str(tmp_path / "dry")]  # fmt: skip
+    refused = _dry_run(*job)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    advice = re.search(
+        r"fits by the same estimate: --nnodes (\d+) with activation-checkpoint:full as the last argument "
+        r"\(\d+ ranks, .*; ~([0-9.]+) GiB per rank\)",
+        refused.stderr,
+    )
+    assert advice, refused.stderr[-2000:]
+    nodes, figure = advice.group(1), float(advice.group(2))
+    applied = _dry_run(*job, "--nnodes", nodes, "activation-checkpoint:full")
+    assert applied.returncode == 0, applied.stderr[-2000:]
+    assert _total(applied.stdout) == figure
+
+
+@pytest.mark.slow
 def test_a_run_that_names_no_batch_gets_the_largest_that_fits_the_stated_memory(tmp_path):
     one, eight = (_dry_run("--batch-size", str(b), "--out", str(tmp_path / "dry")) for b in (1, 8))
     assert one.returncode == 0 and eight.returncode == 0, eight.stderr[-2000:]
@@ -196,6 +216,50 @@ def test_a_lora_run_on_one_rank_is_estimated_with_gradients_of_its_adapters_only
     assert kinds["params"] > 20 * 4 * trainable, described  # the frozen base is most of the weights
     assert kinds["grads"] <= 4 * trainable, described  # at most the adapters' (none alive at this peak)
     assert 2 * 4 * trainable <= kinds["optimizer"] <= 2 * 4 * trainable * 1.01, described
+
+
+_NOTHING_FITS = """
+import json, sys
+from qwen3_titan_common.launcher.plan import LaunchPlan
+from qwen3_titan_common.perf.fit import RankMemory
+from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
+from qwen3_titan_common.train.memory_check import does_not_fit, estimate_rank0, fit_line
+
+plan = LaunchPlan(
+    module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
+    rdzv_endpoint="localhost:0",
+    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32"],
+)
+with as_fake_rank(plan):
+    config, _ = checked_config(plan)
+    job, estimate = estimate_rank0(plan, config, "cpu")
+    memory = RankMemory(estimate.baseline_bytes + 2**20, "the process and 1 MiB")
+    _, line = fit_line(plan, estimate, memory)
+    asked = []
+    # Once per process: the advice tries other layouts, each on a fake process group of its own.
+    said = does_not_fit(
+        job, estimate, line, memory, 1, runs=lambda field: asked.append(field) or field == "tensor_parallel_degree"
+    )
+print(json.dumps([said, asked]))
+"""
+
+
+def test_a_job_that_fits_nowhere_is_told_only_the_ways_it_can_take():
+    """Advice names a split of the model only where the job runs with it (the rehearsal asks the run's own
+    checks: LoRA's, a tied model's stages, the backend's), else shorter rows."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        proc = subprocess.run(
+            [sys.executable, "-c", _NOTHING_FITS, folder], capture_output=True, text=True, timeout=600
+        )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said, asked = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert asked == ["tensor_parallel_degree", "pipeline_parallel_degree"]
+    assert said.endswith(
+        "fits by the same estimate: train LoRA adapters, or shard with tensor parallelism"
+    ), said
 
 
 _LONG_ROW = """

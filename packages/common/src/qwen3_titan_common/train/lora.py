@@ -96,8 +96,8 @@ def check_lora_layout(parallelism) -> None:
     for name in ("tensor_parallel_degree", "pipeline_parallel_degree"):
         if getattr(parallelism, name, 1) > 1:
             raise UserInputError(
-                f"--parallelism.{name} {getattr(parallelism, name)}: LoRA runs shard with FSDP2 "
-                "(data parallel) only; use 1"
+                f"--parallelism.{name} {getattr(parallelism, name)}: LoRA runs shard with FSDP2 (data parallel), "
+                "beside context and expert parallelism, not with tensor or pipeline parallelism; use 1"
             )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,10 +192,14 @@ def fit_line(plan, estimate: StepMemory, memory) -> tuple[str, str]:
     )
 
 
-def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes: int) -> str:
+def does_not_fit(
+    job: JobModel, estimate: StepMemory, line: str, memory, nnodes: int, *, runs: Callable[[str], bool]
+) -> str:
     """The one line that refuses the job, with what fits by the same estimate: a smaller batch, recomputed
     activations, or (when not even one row fits) more nodes of the job's size. Trying more nodes restarts the
-    fake process group, so ``job`` is not to be used afterwards."""
+    fake process group, so ``job`` is not to be used afterwards. Where nothing fits, the ways that remain are
+    named only where the job could take them: ``runs`` says whether it runs with a higher degree of the
+    ``--parallelism`` field it is given (``tensor_parallel_degree``, ``pipeline_parallel_degree``)."""
     config = job.config
     fitting = largest_fitting_batch(job, estimate, memory)
     found = []
@@ -220,11 +225,17 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
                 f"ranks; ~{tried.total_bytes / GIB:.2f} GiB per rank)"
             )
     if fitting is None and not found:
-        wider = with_more_nodes(job, estimate, memory, nnodes)
+        wider, recomputing = with_more_nodes(job, estimate, memory, nnodes), ""
+        if wider is None and recomputed is not None:
+            # Sharded state and recomputed activations together (a long row of a large model).
+            from torchtitan.distributed.activation_checkpoint import FullAC
+
+            wider = with_more_nodes(job, recomputed, memory, nnodes, ac_config=FullAC.Config())
+            recomputing = " with activation-checkpoint:full as the last argument"
         if wider is not None:
             nodes, ranks, tried = wider
             found.append(
-                f"--nnodes {nodes} ({ranks} ranks, FSDP sharding the weights, gradients and "
+                f"--nnodes {nodes}{recomputing} ({ranks} ranks, FSDP sharding the weights, gradients and "
                 f"optimizer state over them; ~{tried.total_bytes / GIB:.2f} GiB per rank)"
             )
     if found:
@@ -235,17 +246,22 @@ def does_not_fit(job: JobModel, estimate: StepMemory, line: str, memory, nnodes:
             "(its libraries, and the weights it reads): no layout of this job fits"
         )
     else:
-        # What else shrinks a rank's share: the weights that train (LoRA), or a split of each layer or of the
-        # layers (which a LoRA run does not shard with); else shorter rows.
-        lora = getattr(getattr(config, "lora", None), "enabled", False)
-        rest = (
-            "shorter rows (--training.seq_len)"
-            if lora
-            else "train LoRA adapters, or shard with tensor or pipeline parallelism"
-        )
+        # What else shrinks a rank's share: fewer weights that train (LoRA), or a split of each layer or of the
+        # layers, where the job runs with it; else shorter rows.
+        ways = [] if getattr(getattr(config, "lora", None), "enabled", False) else ["train LoRA adapters"]
+        splits = [
+            f"{'more ' if getattr(config.parallelism, field) > 1 else ''}{what} parallelism"
+            for field, what in (
+                ("tensor_parallel_degree", "tensor"),
+                ("pipeline_parallel_degree", "pipeline"),
+            )
+            if runs(field)
+        ]
+        if splits:
+            ways.append("shard with " + " or ".join(splits))
         hint = (
             f"no smaller batch, recomputation, context parallelism or up to {MORE_NODES[-1]}x the nodes fits by "
-            f"the same estimate: {rest}"
+            f"the same estimate: {', or '.join(ways) if ways else 'shorter rows (--training.seq_len)'}"
         )
     return (
         f"--training.local_batch_size {config.training.local_batch_size} (--batch-size) x --training.seq_len "
@@ -276,12 +292,13 @@ def largest_fitting_batch(job: JobModel, estimate: StepMemory, memory) -> tuple[
 
 
 def with_more_nodes(
-    job: JobModel, estimate: StepMemory, memory, nnodes: int
+    job: JobModel, estimate: StepMemory, memory, nnodes: int, ac_config=None
 ) -> tuple[int, int, StepMemory] | None:
     """(nodes, ranks, their estimate) for the fewest nodes, the job's ``nnodes`` times one of :data:`MORE_NODES`,
-    whose ranks hold enough of the sharded state to fit at the job's batch, tracked like the job; None if none
-    does, or if the job fixes its FSDP degree (``--parallelism.data_parallel_shard_degree``), which more ranks
-    would not lay out."""
+    whose ranks hold enough of the sharded state to fit at the job's batch, tracked like the job (with
+    ``ac_config`` in place of its activation checkpointing where given, ``estimate`` the job's under it); None if
+    none does, or if the job fixes its FSDP degree (``--parallelism.data_parallel_shard_degree``), which more
+    ranks would not lay out."""
     from qwen3_titan_common.models.layout import LayoutError, resolve_layout
 
     config = job.config
@@ -299,7 +316,7 @@ def with_more_nodes(
         wider = job.on_ranks(world * factor)
         tried = wider.step_memory(
             batch=config.training.local_batch_size,
-            ac_config=config.activation_checkpoint,
+            ac_config=config.activation_checkpoint if ac_config is None else ac_config,
             baseline_bytes=estimate.baseline_bytes,
         )
         if tried.total_bytes <= memory.bytes_per_rank:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -200,7 +201,9 @@ class Rehearsal(Configurable):
         if memory is not None:
             said, line = fit_line(plan, estimate, memory)
             if said == "does not fit":
-                raise UserInputError(does_not_fit(job, estimate, line, memory, plan.nnodes))
+                raise UserInputError(
+                    does_not_fit(job, estimate, line, memory, plan.nnodes, runs=self._runs_with(config))
+                )
             say(f"[dry-run] memory {said}: {line}")
         ranks = f"{plan.world_size} ranks ({plan.nnodes} node(s) x {plan.nproc_per_node})"
         for note in pending:
@@ -210,6 +213,28 @@ class Rehearsal(Configurable):
         else:
             say(f"[dry-run] ok: {ranks}")
         self.report.found()
+
+    def _runs_with(self, config) -> Callable[[str], bool]:
+        """Whether the job runs with twice its degree of a ``--parallelism`` field: what LoRA, a tied model's
+        pipeline stages and the backend refuse (the run's own checks), for the advice of a job that fits
+        nowhere."""
+        from qwen3_titan_common.train.lora import check_lora_layout
+
+        def runs(field: str) -> bool:
+            parallelism = dataclasses.replace(
+                config.parallelism, **{field: 2 * getattr(config.parallelism, field)}
+            )
+            if field == "pipeline_parallel_degree" and self.trainer.trains_tied_embeddings(config):
+                return False  # the first and last stages cannot share one weight (train.preflight)
+            try:
+                if config.lora.enabled:
+                    check_lora_layout(parallelism)
+                self.trainer.prepare_backend(dataclasses.replace(config, parallelism=parallelism))
+            except UserInputError:
+                return False
+            return True
+
+        return runs
 
     def _fit(self) -> None:
         """For a job on this machine whose memory matters (the launcher asks for real-size weights, where a step
@@ -241,7 +266,9 @@ class Rehearsal(Configurable):
                 )
                 return self.report.found(titan_args=[RECOMPUTE])
         if fitting is None:
-            raise UserInputError(does_not_fit(job, estimate, line, memory, plan.nnodes))
+            raise UserInputError(
+                does_not_fit(job, estimate, line, memory, plan.nnodes, runs=self._runs_with(config))
+            )
         batch, tried = fitting
         _, fitted = fit_line(plan, tried, memory)
         say(
