@@ -52,7 +52,7 @@ class HFv5Trainer(_Qwen3Trainer):
         return super().trains_tied_embeddings(config) and not config.hf_v5.untie_embeddings
 
     @classmethod
-    def prepare_backend(cls, config: Config) -> None:
+    def check_parallelism(cls, config: Config) -> None:
         """The parallelisms this backend does not implement, refused before anything is written (the
         model's ``update_from_config`` refuses them too, for a config built by hand)."""
         from qwen3_titan_common.errors import UserInputError

@@ -41,6 +41,7 @@ class NkiMoETrainer(Qwen3Trainer):
 
     @classmethod
     def prepare_backend(cls, config: Config) -> None:
+        super().prepare_backend(config)
         prepare_kernels(config)
 
     @classmethod

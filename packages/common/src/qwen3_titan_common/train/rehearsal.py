@@ -216,7 +216,7 @@ class Rehearsal(Configurable):
 
     def _runs_with(self, config) -> Callable[[str], bool]:
         """Whether the job runs with twice its degree of a ``--parallelism`` field: what LoRA, a tied model's
-        pipeline stages and the backend refuse (the run's own checks), for the advice of a job that fits
+        pipeline stages and the backend (its ``check_parallelism``) refuse, for the advice of a job that fits
         nowhere."""
         from qwen3_titan_common.train.lora import check_lora_layout
 
@@ -229,7 +229,7 @@ class Rehearsal(Configurable):
             try:
                 if config.lora.enabled:
                     check_lora_layout(parallelism)
-                self.trainer.prepare_backend(dataclasses.replace(config, parallelism=parallelism))
+                self.trainer.check_parallelism(dataclasses.replace(config, parallelism=parallelism))
             except UserInputError:
                 return False
             return True

@@ -279,6 +279,13 @@ class Qwen3Trainer(Trainer):
     def prepare_backend(cls, config: Config) -> None:
         """A backend's own checks and choices on the run's resolved config (``resolve_run_config``), before
         anything is written; each rank and ``train --dry-run`` call it. Raises a one-line UserInputError."""
+        cls.check_parallelism(config)
+
+    @classmethod
+    def check_parallelism(cls, config: Config) -> None:
+        """The parallel layouts this backend does not run, refused in one line (part of :meth:`prepare_backend`).
+        A check of the config alone, without effects: the rehearsal also asks it of layouts a job that fits
+        nowhere might take."""
 
     @classmethod
     def cuda_graph_blocker(cls, config: Config) -> str | None:
