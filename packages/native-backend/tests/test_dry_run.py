@@ -141,17 +141,40 @@ def test_a_job_whose_weights_do_not_fit_is_shown_the_fewest_nodes_that_do(tmp_pa
         assert fewer.total_bytes > memory.bytes_per_rank
 
 
-_HALF_AND_WHOLE = """
+# Rank 0 of the debug config at 1 x 32 rows, in a process of its own (torch keeps device meshes across the fake
+# process groups of one process): argv 1 the dump folder, 2 the job's ranks, the rest more flags; then a body
+# that prints one JSON line.
+_DEBUG_RANK0 = """
 import json, sys
 from qwen3_titan_common.launcher.plan import LaunchPlan
+from qwen3_titan_common.perf.fit import RankMemory
 from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
-from qwen3_titan_common.train.memory_check import estimate_rank0
+from qwen3_titan_common.train.memory_check import does_not_fit, estimate_rank0, fit_line
 
 plan = LaunchPlan(
-    module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
+    module="qwen3_titan_native", config="debug", nproc_per_node=int(sys.argv[2]), nnodes=1, node_rank=0,
     rdzv_endpoint="localhost:0",
-    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32"],
+    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32",
+                 *sys.argv[3:]],
 )
+"""
+
+
+def _in_debug_rank0(body: str, folder, ranks: int, *flags: str):
+    import json
+
+    script = _DEBUG_RANK0 + body
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(folder), str(ranks), *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_HALF_AND_WHOLE = """
 with as_fake_rank(plan):
     config, _ = checked_config(plan)
     job, two = estimate_rank0(plan, config, "cpu")
@@ -166,15 +189,8 @@ def test_two_cpu_ranks_hold_half_the_state_one_rank_holds_whole(tmp_path):
     """One CPU rank trains the model whole (no FSDP); two shard it. Each of the two holds half the weights and
     optimizer state of the one, up to FSDP's padding of each parameter to an even row count (at most one row of
     each parameter per rank), not the whole model materialised from its shards. Its gradients at the peak (its
-    shards, and the unsharded gradients of the layers being reduced) are fewer than the one rank's.
-    In a process of its own: torch keeps device meshes across the fake process groups of one process."""
-    import json
-
-    proc = subprocess.run(
-        [sys.executable, "-c", _HALF_AND_WHOLE, str(tmp_path)], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    one, two, *described = json.loads(proc.stdout.strip().splitlines()[-1])
+    shards, and the unsharded gradients of the layers being reduced) are fewer than the one rank's."""
+    one, two, *described = _in_debug_rank0(_HALF_AND_WHOLE, tmp_path, 2)
     assert one["params"] > 0
     for kind in ("params", "optimizer"):
         half = one[kind] / 2
@@ -183,17 +199,6 @@ def test_two_cpu_ranks_hold_half_the_state_one_rank_holds_whole(tmp_path):
 
 
 _LORA = """
-import json, sys
-from qwen3_titan_common.launcher.plan import LaunchPlan
-from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
-from qwen3_titan_common.train.memory_check import estimate_rank0
-
-plan = LaunchPlan(
-    module="qwen3_titan_native", config="debug", nproc_per_node=1, nnodes=1, node_rank=0,
-    rdzv_endpoint="localhost:0",
-    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32",
-                 "--lora.rank", "4"],
-)
 with as_fake_rank(plan):
     config, _ = checked_config(plan)
     _, lora = estimate_rank0(plan, config, "cpu")
@@ -206,30 +211,13 @@ def test_a_lora_run_on_one_rank_is_estimated_with_gradients_of_its_adapters_only
     """One CPU rank trains the model whole, its base weights frozen: torch's tracker is told they take no gradient
     hook (it refuses one on a frozen tensor, which made every LoRA fit check an internal error). Gradients and
     AdamW's two moments are the adapters' alone, in fp32."""
-    import json
-
-    proc = subprocess.run(
-        [sys.executable, "-c", _LORA, str(tmp_path)], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    kinds, trainable, described = json.loads(proc.stdout.strip().splitlines()[-1])
+    kinds, trainable, described = _in_debug_rank0(_LORA, tmp_path, 1, "--lora.rank", "4")
     assert kinds["params"] > 20 * 4 * trainable, described  # the frozen base is most of the weights
     assert kinds["grads"] <= 4 * trainable, described  # at most the adapters' (none alive at this peak)
     assert 2 * 4 * trainable <= kinds["optimizer"] <= 2 * 4 * trainable * 1.01, described
 
 
 _NOTHING_FITS = """
-import json, sys
-from qwen3_titan_common.launcher.plan import LaunchPlan
-from qwen3_titan_common.perf.fit import RankMemory
-from qwen3_titan_testing.fake_rank import as_fake_rank, checked_config
-from qwen3_titan_common.train.memory_check import does_not_fit, estimate_rank0, fit_line
-
-plan = LaunchPlan(
-    module="qwen3_titan_native", config="debug", nproc_per_node=2, nnodes=1, node_rank=0,
-    rdzv_endpoint="localhost:0",
-    passthrough=["--dump_folder", sys.argv[1], "--training.local_batch_size", "1", "--training.seq_len", "32"],
-)
 with as_fake_rank(plan):
     config, _ = checked_config(plan)
     job, estimate = estimate_rank0(plan, config, "cpu")
@@ -244,18 +232,10 @@ print(json.dumps([said, asked]))
 """
 
 
-def test_a_job_that_fits_nowhere_is_told_only_the_ways_it_can_take():
+def test_a_job_that_fits_nowhere_is_told_only_the_ways_it_can_take(tmp_path):
     """Advice names a split of the model only where the job runs with it (the rehearsal asks the run's own
     checks: LoRA's, a tied model's stages, the backend's), else shorter rows."""
-    import json
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        proc = subprocess.run(
-            [sys.executable, "-c", _NOTHING_FITS, folder], capture_output=True, text=True, timeout=600
-        )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    said, asked = json.loads(proc.stdout.strip().splitlines()[-1])
+    said, asked = _in_debug_rank0(_NOTHING_FITS, tmp_path, 2)
     assert asked == ["tensor_parallel_degree", "pipeline_parallel_degree"]
     assert said.endswith(
         "fits by the same estimate: train LoRA adapters, or shard with tensor parallelism"
